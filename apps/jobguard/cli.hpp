@@ -1,0 +1,54 @@
+// The CLI is a thin layer: each subcommand lives in its own cmd_*.cpp, parses
+// its flags with CLI11 and calls the library. Subcommands register themselves
+// (JOBGUARD_COMMAND) so main.cpp is only the dispatcher.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "jobguard/error.hpp"
+
+namespace jobguard::cli {
+
+// Documented exit statuses (README "Exit status", `jobguard --help`).
+namespace exit_code {
+inline constexpr int ok = 0;
+inline constexpr int usage = 64;        // bad flags, malformed URL/key/duration
+inline constexpr int data = 65;         // bad input file (policy lint)
+inline constexpr int unavailable = 69;  // Redis/PostgreSQL unavailable (fail-closed)
+inline constexpr int lease_lost = 70;   // the lease was lost while CMD ran
+inline constexpr int busy = 75;         // lock busy (try again later)
+inline constexpr int timeout = 124;     // hard timeout (as timeout(1))
+}  // namespace exit_code
+
+struct Globals {
+  std::string redis_url;     // --redis, else $JOBGUARD_REDIS_URL, else redis://127.0.0.1:6379/0
+  std::string postgres_url;  // --postgres, else $JOBGUARD_POSTGRES_URL
+  bool json = false;         // --json
+  std::string log_format = "human";  // --log-format human|json
+};
+
+// A subcommand's body: runs after parsing, returns the exit status. Errors
+// thrown as jobguard::Error are mapped to exit statuses by main.
+using Action = std::function<int()>;
+
+// Called once at startup with the root app: add the subcommand, return its action.
+using Registrar = std::function<void(CLI::App& root, Globals& globals, std::vector<std::pair<CLI::App*, Action>>& out)>;
+
+bool register_command(Registrar r);
+const std::vector<Registrar>& registrars();
+
+// Maps a library error to the documented exit status.
+int exit_status_for(const jobguard::Error& e);
+
+#define JOBGUARD_CAT2(a, b) a##b
+#define JOBGUARD_CAT(a, b) JOBGUARD_CAT2(a, b)
+#define JOBGUARD_COMMAND(fn) \
+  static const bool JOBGUARD_CAT(jobguard_registered_, __LINE__) = ::jobguard::cli::register_command(fn)
+
+// CLI11 validator for durations ("250ms", "30s"): the error names the option.
+CLI::Validator duration_validator();
+
+}  // namespace jobguard::cli

@@ -1,0 +1,103 @@
+// jobguard: a thin dispatcher over the library. Subcommands live in cmd_*.cpp.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "cli.hpp"
+#include "jobguard/duration.hpp"
+#include "jobguard/error.hpp"
+
+namespace jobguard::cli {
+namespace {
+std::vector<Registrar>& registry() {
+  static std::vector<Registrar> r;
+  return r;
+}
+}  // namespace
+
+bool register_command(Registrar r) {
+  registry().push_back(std::move(r));
+  return true;
+}
+
+const std::vector<Registrar>& registrars() { return registry(); }
+
+CLI::Validator duration_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          jobguard::parse_duration(s);
+          return {};
+        } catch (const jobguard::Error& e) {
+          return e.what();
+        }
+      },
+      "DURATION", "duration");
+}
+
+int exit_status_for(const jobguard::Error& e) {
+  switch (jobguard::next_step_for(e.code())) {
+    case next_step::retry_call: return exit_code::unavailable;
+    case next_step::restart_attempt: return exit_code::lease_lost;
+    case next_step::stop:
+      return e.code() == errc::auth_failed || e.code() == errc::tls_error ? exit_code::unavailable
+                                                                            : exit_code::usage;
+    default: return exit_code::unavailable;
+  }
+}
+
+}  // namespace jobguard::cli
+
+int main(int argc, char** argv) {
+  using namespace jobguard::cli;
+  CLI::App app{"jobguard: guard the side effects of background jobs with Redis and PostgreSQL"};
+  app.require_subcommand(1);
+  app.footer(
+      "Exit status: CMD's own status when `run` ran it to the end; 0 ok; 64 usage error; 65 bad input file;\n"
+      "69 Redis/PostgreSQL unavailable (fail-closed); 70 lease lost; 75 lock busy; 124 hard timeout.");
+  Globals g;
+  if (const char* env = std::getenv("JOBGUARD_REDIS_URL"); env && *env) g.redis_url = env;
+  else g.redis_url = "redis://127.0.0.1:6379/0";
+  if (const char* env = std::getenv("JOBGUARD_POSTGRES_URL"); env && *env) g.postgres_url = env;
+  app.add_option("--redis", g.redis_url, "Redis URL (redis:// or rediss://); default $JOBGUARD_REDIS_URL")
+      ->capture_default_str();
+  app.add_option("--postgres", g.postgres_url, "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL");
+  app.add_flag("--json", g.json, "Machine-readable JSON output");
+  app.add_option("--log-format", g.log_format, "Log lines on stderr: human or json")
+      ->check(CLI::IsMember({"human", "json"}));
+  app.fallthrough();
+
+  std::vector<std::pair<CLI::App*, Action>> actions;
+  for (auto& r : registrars()) r(app, g, actions);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, naming what is wrong; usage status as sysexits(3) EX_USAGE.
+    std::cerr << "jobguard: " << e.what() << "\n";
+    return exit_code::usage;
+  }
+  for (auto& [sub, action] : actions) {
+    if (sub->parsed()) {
+      try {
+        return action();
+      } catch (const jobguard::Error& e) {
+        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        return exit_status_for(e);
+      } catch (const CLI::ParseError& e) {
+        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        return exit_code::usage;
+      } catch (const std::exception& e) {
+        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        return exit_code::unavailable;
+      }
+    }
+  }
+  std::cerr << "jobguard: no subcommand given (see --help)\n";
+  return exit_code::usage;
+}

@@ -1,0 +1,133 @@
+// The Redis client: one event loop multiplexes every caller's commands over a
+// few connections. Commands submitted while a write is in flight leave
+// together in the next write (automatic pipelining) and replies are matched in
+// order. Every call has a deadline; when a connection breaks, every call in
+// flight on it fails at once with errc::connection_lost and the client
+// reconnects with backoff; calls made while disconnected wait for a connection
+// until their deadline.
+//
+// Threads: every public member is safe to call from any thread. Completions
+// run on the event-loop thread and must not block. The client either owns its
+// event loop (one thread it starts) or runs on a caller's io_context, which
+// must then be run by exactly one thread.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "jobguard/redis/command.hpp"
+#include "jobguard/redis/options.hpp"
+#include "jobguard/redis/reply.hpp"
+#include "jobguard/redis/script.hpp"
+
+namespace jobguard::redis {
+
+// On failure `ec` is set and `reply` is an error reply whose text says what
+// went wrong and where (server address, command, server's own message).
+// An -ERR reply from the server is a failure too (server_error, server_busy,
+// script_error, auth_failed): callers never have to inspect reply types for
+// errors.
+using Completion = std::function<void(std::error_code ec, Reply reply)>;
+
+struct CallOptions {
+  // Zero = the client's command_timeout.
+  std::chrono::milliseconds timeout{0};
+};
+
+struct ClientStats {
+  std::uint64_t commands = 0;      // completed, successfully or not
+  std::uint64_t writes = 0;        // socket writes: commands / writes = pipelining
+  std::uint64_t errors = 0;        // failed calls (any errc)
+  std::uint64_t reconnects = 0;    // successful connects after the first
+  std::uint64_t timeouts = 0;
+  int connected = 0;               // connections ready now
+};
+
+class Client {
+ public:
+  // Owns its event loop: starts one thread that runs it.
+  explicit Client(ConnectionOptions options);
+  // Runs on `ctx`, which the caller runs from exactly one thread.
+  Client(boost::asio::io_context& ctx, ConnectionOptions options);
+  ~Client();  // fails every pending call with errc::shutdown, joins the loop
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ConnectionOptions& options() const noexcept;
+  boost::asio::any_io_executor get_executor() const noexcept;
+
+  // --- asynchronous interface (the one the lock layer uses) -----------------
+  void async_exec(Command cmd, Completion done, CallOptions opts = {});
+  // EVALSHA with transparent NOSCRIPT fallback to EVAL.
+  void async_eval(const Script& script, std::vector<std::string> keys,
+                  std::vector<std::string> args, Completion done, CallOptions opts = {});
+
+  // Asio completion-token form: `co_await async_exec(client, cmd, use_awaitable)`
+  // returns the Reply or throws jobguard::Error.
+  // (Defined below as free functions so any token works.)
+
+  // --- blocking facade -------------------------------------------------------
+  // Throw jobguard::Error on failure (never from the event-loop thread: that
+  // would deadlock, and the call throws errc::invalid_argument instead).
+  Reply exec(Command cmd, CallOptions opts = {});
+  Reply eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
+             CallOptions opts = {});
+  std::future<Reply> exec_future(Command cmd, CallOptions opts = {});
+
+  // Blocks until one connection is ready or the timeout passes; false on timeout.
+  bool wait_connected(std::chrono::milliseconds timeout);
+
+  ClientStats stats() const;
+
+  // For the CLI/doctor: "127.0.0.1:6379".
+  std::string address() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+namespace detail {
+void throw_if_error(std::error_code ec, Reply& r);
+}
+
+template <class Token>
+auto async_exec(Client& c, Command cmd, Token&& token, CallOptions opts = {}) {
+  return boost::asio::async_initiate<Token, void(std::exception_ptr, Reply)>(
+      [&c, opts](auto handler, Command command) {
+        using boost::asio::get_associated_executor;
+        auto ex = get_associated_executor(handler, c.get_executor());
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        c.async_exec(
+            std::move(command),
+            [h, ex](std::error_code ec, Reply r) {
+              std::exception_ptr ep;
+              if (ec) {
+                try {
+                  detail::throw_if_error(ec, r);
+                } catch (...) {
+                  ep = std::current_exception();
+                }
+              }
+              // Resume the waiter on its own executor (inline when that is
+              // the event loop, as in `jobguard bench`).
+              boost::asio::dispatch(ex, [h, ep, r = std::move(r)]() mutable { (*h)(ep, std::move(r)); });
+            },
+            opts);
+      },
+      token, std::move(cmd));
+}
+
+}  // namespace jobguard::redis

@@ -1,0 +1,31 @@
+// A Redis command, encoded to RESP once when it is built (by hiredis's
+// redisFormatCommandArgv), so the event loop only copies bytes.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace jobguard::redis {
+
+class Command {
+ public:
+  Command(std::initializer_list<std::string_view> args);
+  explicit Command(const std::vector<std::string>& args);
+  explicit Command(const std::vector<std::string_view>& args);
+
+  // The encoded RESP bytes.
+  const std::string& payload() const noexcept { return payload_; }
+  // The command name as given ("SET"), for errors and metrics.
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  template <class It>
+  void encode(It first, It last);
+
+  std::string payload_;
+  std::string name_;
+};
+
+}  // namespace jobguard::redis

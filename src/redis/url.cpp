@@ -1,0 +1,163 @@
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "jobguard/duration.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/redis/options.hpp"
+
+namespace jobguard::redis {
+namespace {
+
+[[noreturn]] void bad(std::string_view url, std::string_view what) {
+  // Never echo a password back: mask the userinfo part of the URL.
+  std::string shown(url);
+  if (auto at = shown.rfind('@'); at != std::string::npos) {
+    auto scheme_end = shown.find("://");
+    std::size_t start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+    if (at > start) {
+      auto colon = shown.find(':', start);
+      if (colon != std::string::npos && colon < at) shown.replace(colon + 1, at - colon - 1, "***");
+    }
+  }
+  throw Error(errc::invalid_url, fmt::format("{} in \"{}\"", what, shown));
+}
+
+std::string percent_decode(std::string_view s, std::string_view url, std::string_view part) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%') {
+      unsigned v = 0;
+      if (i + 2 >= s.size()) bad(url, fmt::format("truncated %-escape in {}", part));
+      auto r = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
+      if (r.ec != std::errc{} || r.ptr != s.data() + i + 3) bad(url, fmt::format("bad %-escape in {}", part));
+      out.push_back(static_cast<char>(v));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+template <class T>
+T parse_int(std::string_view s, std::string_view url, std::string_view part, long long lo, long long hi) {
+  long long v = 0;
+  auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || r.ec == std::errc::invalid_argument || r.ptr != s.data() + s.size())
+    bad(url, fmt::format("{} \"{}\" is not a number", part, s));
+  if (r.ec == std::errc::result_out_of_range || v < lo || v > hi)
+    bad(url, fmt::format("{} \"{}\" out of range ({}..{})", part, s, lo, hi));
+  return static_cast<T>(v);
+}
+
+bool parse_bool(std::string_view v, std::string_view url, std::string_view key) {
+  if (v == "1" || v == "yes" || v == "true" || v == "on") return true;
+  if (v == "0" || v == "no" || v == "false" || v == "off") return false;
+  bad(url, fmt::format("option {}=\"{}\" is not yes/no", key, v));
+}
+
+}  // namespace
+
+ConnectionOptions parse_url(std::string_view url) {
+  ConnectionOptions o;
+  std::string_view rest = url;
+  const auto scheme_end = rest.find("://");
+  if (scheme_end == std::string_view::npos) bad(url, "missing scheme (expected redis:// or rediss://)");
+  const std::string_view scheme = rest.substr(0, scheme_end);
+  if (scheme == "rediss") o.tls.enabled = true;
+  else if (scheme != "redis") bad(url, fmt::format("unsupported scheme \"{}\" (expected redis or rediss)", scheme));
+  rest.remove_prefix(scheme_end + 3);
+
+  std::string_view query;
+  if (auto q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  std::string_view path;
+  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
+    path = rest.substr(slash + 1);
+    rest = rest.substr(0, slash);
+  }
+  // userinfo: the last '@' separates it, since a password may contain '@' only
+  // percent-encoded but people paste raw ones anyway.
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    std::string_view userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
+      o.user = percent_decode(userinfo.substr(0, colon), url, "user");
+      o.password = percent_decode(userinfo.substr(colon + 1), url, "password");
+      if (o.password.empty()) bad(url, "empty password after ':'");
+    } else {
+      // redis://secret@host is the classic password-only form.
+      o.password = percent_decode(userinfo, url, "password");
+    }
+  }
+  std::string_view host = rest, port;
+  if (!rest.empty() && rest.front() == '[') {
+    auto close = rest.find(']');
+    if (close == std::string_view::npos) bad(url, "unterminated IPv6 host '['");
+    host = rest.substr(1, close - 1);
+    std::string_view after = rest.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') bad(url, fmt::format("unexpected \"{}\" after IPv6 host", after));
+      port = after.substr(1);
+      if (port.empty()) bad(url, "empty port after ':'");
+    }
+  } else if (auto colon = rest.rfind(':'); colon != std::string_view::npos) {
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+    if (port.empty()) bad(url, "empty port after ':'");
+  }
+  if (host.empty()) bad(url, "missing host");
+  for (char c : host)
+    if (c == ' ' || c == '/' || c == '?' || c == '#' || c == '@')
+      bad(url, fmt::format("invalid character '{}' in host \"{}\"", c, host));
+  o.host = std::string(host);
+  if (!port.empty()) o.port = parse_int<std::uint16_t>(port, url, "port", 1, 65535);
+  if (!path.empty()) o.db = parse_int<int>(path, url, "database", 0, 1 << 20);
+
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) bad(url, fmt::format("option \"{}\" has no value", kv));
+    std::string_view key = kv.substr(0, eq);
+    std::string val = percent_decode(kv.substr(eq + 1), url, key);
+    auto dur = [&](std::string_view what) {
+      try {
+        auto d = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(val, what));
+        if (d.count() <= 0) bad(url, fmt::format("option {} must be positive", key));
+        return d;
+      } catch (const Error& e) {
+        bad(url, fmt::format("option {}: {}", key, e.what()));
+      }
+    };
+    if (key == "timeout") o.command_timeout = dur("timeout");
+    else if (key == "connect_timeout") o.connect_timeout = dur("connect_timeout");
+    else if (key == "connections") o.connections = parse_int<int>(val, url, "connections", 1, 64);
+    else if (key == "ca") o.tls.ca_file = val;
+    else if (key == "sni") o.tls.server_name = val;
+    else if (key == "verify") o.tls.verify_peer = parse_bool(val, url, key);
+    else if (key == "cert") o.tls.cert_file = val;
+    else if (key == "key") o.tls.key_file = val;
+    else if (key == "name") o.client_name = val;
+    else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
+    else bad(url, fmt::format("unknown option \"{}\"", key));
+  }
+  return o;
+}
+
+std::string to_display_url(const ConnectionOptions& o) {
+  std::string auth;
+  if (!o.user.empty()) auth = o.user + (o.password.empty() ? "" : ":***") + "@";
+  else if (!o.password.empty()) auth = "***@";
+  const bool v6 = o.host.find(':') != std::string::npos;
+  return fmt::format("{}://{}{}{}{}:{}/{}", o.tls.enabled ? "rediss" : "redis", auth, v6 ? "[" : "", o.host,
+                     v6 ? "]" : "", o.port, o.db);
+}
+
+}  // namespace jobguard::redis

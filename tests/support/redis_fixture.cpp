@@ -1,0 +1,59 @@
+#include "support/redis_fixture.hpp"
+
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+
+#include <thread>
+
+namespace jobguard::test {
+
+void RedisTest::SetUp() {
+  server = std::make_unique<EmbeddedRedis>();
+  server->start();
+}
+
+void RedisTest::TearDown() { server.reset(); }
+
+redis::ConnectionOptions RedisTest::options() const {
+  redis::ConnectionOptions o;
+  o.host = server->host();
+  o.port = server->port();
+  o.command_timeout = std::chrono::milliseconds(2000);
+  o.connect_timeout = std::chrono::milliseconds(1000);
+  return o;
+}
+
+std::unique_ptr<redis::Client> RedisTest::make_client() const {
+  auto c = std::make_unique<redis::Client>(options());
+  EXPECT_TRUE(c->wait_connected(std::chrono::seconds(5))) << "client never connected";
+  return c;
+}
+
+std::string RedisTest::key(const std::string& suffix) const {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return fmt::format("t:{}.{}:{}", info->test_suite_name(), info->name(), suffix);
+}
+
+std::string RedisTest::admin(const std::string& command) const {
+  timeval tv{2, 0};
+  redisContext* c = redisConnectWithTimeout(server->host().c_str(), server->port(), tv);
+  if (c == nullptr || c->err) {
+    std::string err = c ? c->errstr : "alloc";
+    if (c) redisFree(c);
+    throw std::runtime_error("admin connect: " + err);
+  }
+  redisSetTimeout(c, tv);
+  auto* r = static_cast<redisReply*>(redisCommand(c, command.c_str()));
+  std::string out;
+  if (r == nullptr) out = std::string("(io error) ") + c->errstr;
+  else if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_ERROR)
+    out.assign(r->str, r->len);
+  else if (r->type == REDIS_REPLY_INTEGER) out = std::to_string(r->integer);
+  else if (r->type == REDIS_REPLY_NIL) out = "(nil)";
+  else if (r->type == REDIS_REPLY_ARRAY) out = fmt::format("(array of {})", r->elements);
+  if (r) freeReplyObject(r);
+  redisFree(c);
+  return out;
+}
+
+}  // namespace jobguard::test
