@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages jobguard needs to build, test and run its demo.
+# As root it installs what is missing; otherwise it only reports what is.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config git
+      libhiredis-dev libboost1.81-dev libssl-dev libpq-dev libpqxx-dev
+      libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
+      libgtest-dev libgmock-dev libbenchmark-dev
+      redis-server redis-tools postgresql-15 openssl nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "jobguard: missing Debian packages: ${missing[*]} (run as root or install them)" >&2
+  exit 69
+fi
+echo "jobguard: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
