@@ -1,0 +1,110 @@
+// Idempotency keys: make a retry of a side effect harmless.
+//
+//   auto b = store.begin(key, fingerprint, lease);
+//   switch (b.status) {
+//     case BeginStatus::claimed:   do the effect (passing `key` downstream), then
+//                                  store.complete(key, b.owner, result)
+//     case BeginStatus::in_progress: someone else holds it; retry later
+//     case BeginStatus::completed:   return b.result (do not repeat the effect)
+//     case BeginStatus::fingerprint_conflict: the key was reused for a different request
+//   }
+//
+// An in-progress record left by a crashed worker becomes claimable once its
+// lease has passed on the *server's* clock, never before (b.reclaimed tells the
+// new owner that an earlier attempt may have done part of the work: the effect
+// downstream must itself be keyed by `key`, as a payment API is).
+// complete()/abandon() only act for the current owner: a worker whose lease
+// passed and whose record was reclaimed gets errc::lease_lost from complete().
+// Records (in progress or completed) are kept for `retention` after their last
+// change; after that the key is new again.
+//
+// Threads: both stores are safe to call from any thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "jobguard/guard/postgres.hpp"
+
+namespace jobguard::redis {
+class Client;
+}
+
+namespace jobguard::guard {
+
+enum class BeginStatus { claimed, in_progress, completed, fingerprint_conflict };
+const char* to_string(BeginStatus s) noexcept;
+
+struct BeginResult {
+  BeginStatus status = BeginStatus::claimed;
+  bool reclaimed = false;  // claimed after an earlier owner's lease passed
+  // claimed: our owner token (pass it to complete/abandon); in_progress: the
+  // holder; completed: who completed it.
+  std::string owner;
+  std::chrono::system_clock::time_point since;  // when the current attempt began (server clock)
+  std::chrono::milliseconds lease_left{0};      // in_progress: until it becomes claimable
+  std::string result;                           // completed: the stored result
+  std::string stored_fingerprint;               // fingerprint_conflict: the one on record
+};
+
+struct IdempotencyOptions {
+  // How long a record lives after its last change. Default 24 h; must exceed
+  // every lease and the longest a client keeps retrying.
+  std::chrono::milliseconds retention{std::chrono::hours(24)};
+  // Redis only: key prefix; per-call deadline (zero = the client's command_timeout).
+  std::string prefix = "jobguard:idem:";
+  std::chrono::milliseconds timeout{0};
+};
+
+class IdempotencyStore {
+ public:
+  virtual ~IdempotencyStore() = default;
+  // `lease` > 0: how long an in-progress claim keeps others out. `owner`
+  // empty = a fresh token "host/pid/<random hex>".
+  virtual BeginResult begin(std::string_view key, std::string_view fingerprint, std::chrono::milliseconds lease,
+                            std::string_view owner = {}) = 0;
+  // Throws Error(errc::lease_lost) when `owner` no longer holds the key.
+  virtual void complete(std::string_view key, std::string_view owner, std::string_view result) = 0;
+  // Drops our in-progress claim so the next begin() claims at once (the
+  // effect did not happen). False when `owner` did not hold it.
+  virtual bool abandon(std::string_view key, std::string_view owner) = 0;
+};
+
+// Table jobguard_idempotency (run `jobguard pg migrate` first).
+class PgIdempotencyStore final : public IdempotencyStore {
+ public:
+  explicit PgIdempotencyStore(PgOptions pg, IdempotencyOptions options = {});
+  ~PgIdempotencyStore() override;
+  BeginResult begin(std::string_view key, std::string_view fingerprint, std::chrono::milliseconds lease,
+                    std::string_view owner = {}) override;
+  void complete(std::string_view key, std::string_view owner, std::string_view result) override;
+  bool abandon(std::string_view key, std::string_view owner) override;
+
+ private:
+  IdempotencyOptions opts_;
+  std::mutex mu_;
+  std::unique_ptr<PgConnection> conn_;
+};
+
+// One hash per key, changed only by Lua scripts (atomic on the server).
+class RedisIdempotencyStore final : public IdempotencyStore {
+ public:
+  // `client` must outlive the store.
+  RedisIdempotencyStore(redis::Client& client, IdempotencyOptions options = {});
+  BeginResult begin(std::string_view key, std::string_view fingerprint, std::chrono::milliseconds lease,
+                    std::string_view owner = {}) override;
+  void complete(std::string_view key, std::string_view owner, std::string_view result) override;
+  bool abandon(std::string_view key, std::string_view owner) override;
+
+ private:
+  redis::Client& client_;
+  IdempotencyOptions opts_;
+};
+
+// "host/pid/<16 random hex>": unique per call, readable in `in_progress`.
+std::string make_owner_token();
+
+}  // namespace jobguard::guard

@@ -1,0 +1,114 @@
+#include <fmt/format.h>
+#include <openssl/rand.h>
+#include <unistd.h>
+
+#include <array>
+
+#include "guard/scripts.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/guard/idempotency.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::guard {
+namespace {
+
+std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
+  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
+}
+
+std::int64_t as_int(const redis::Reply& r) {
+  if (r.is_integer()) return r.integer;
+  if (r.is_string()) return std::stoll(r.str);
+  return 0;
+}
+
+}  // namespace
+
+const char* to_string(BeginStatus s) noexcept {
+  switch (s) {
+    case BeginStatus::claimed: return "claimed";
+    case BeginStatus::in_progress: return "in progress";
+    case BeginStatus::completed: return "completed";
+    case BeginStatus::fingerprint_conflict: return "fingerprint conflict";
+  }
+  return "?";
+}
+
+std::string make_owner_token() {
+  std::array<unsigned char, 8> b{};
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1)
+    throw Error(errc::invalid_argument, "RAND_bytes failed while making an owner token");
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
+  std::string hex;
+  for (unsigned char c : b) hex += fmt::format("{:02x}", c);
+  return fmt::format("{}/{}/{}", host.data(), ::getpid(), hex);
+}
+
+namespace detail {
+void check_begin_args(std::string_view key, std::chrono::milliseconds lease, const IdempotencyOptions& o) {
+  if (key.empty()) throw Error(errc::invalid_argument, "empty idempotency key");
+  if (lease.count() <= 0)
+    throw Error(errc::invalid_argument, fmt::format("idempotency key \"{}\": lease must be > 0", key));
+  if (o.retention.count() <= 0)
+    throw Error(errc::invalid_argument, fmt::format("idempotency key \"{}\": retention must be > 0", key));
+}
+}  // namespace detail
+
+RedisIdempotencyStore::RedisIdempotencyStore(redis::Client& client, IdempotencyOptions options)
+    : client_(client), opts_(std::move(options)) {}
+
+BeginResult RedisIdempotencyStore::begin(std::string_view key, std::string_view fingerprint,
+                                         std::chrono::milliseconds lease, std::string_view owner) {
+  detail::check_begin_args(key, lease, opts_);
+  static const redis::Script script{std::string(scripts::idempotency_begin)};
+  const std::string me = owner.empty() ? make_owner_token() : std::string(owner);
+  auto r = client_.eval(script, {opts_.prefix + std::string(key)},
+                        {std::string(fingerprint), me, std::to_string(lease.count()),
+                         std::to_string(opts_.retention.count())},
+                        {opts_.timeout});
+  if (!r.is_array() || r.elements.size() != 5 || !r.elements[0].is_string())
+    throw Error(errc::protocol_error, "idempotency_begin script: unexpected reply " + redis::to_debug_string(r));
+  const std::string& st = r.elements[0].str;
+  BeginResult b;
+  b.owner = r.elements[1].str;
+  b.since = from_ms(as_int(r.elements[2]));
+  if (st == "claimed" || st == "reclaimed") {
+    b.status = BeginStatus::claimed;
+    b.reclaimed = st == "reclaimed";
+  } else if (st == "in_progress") {
+    b.status = BeginStatus::in_progress;
+    b.lease_left = std::chrono::milliseconds(as_int(r.elements[3]));
+  } else if (st == "completed") {
+    b.status = BeginStatus::completed;
+    b.result = r.elements[4].str;
+  } else if (st == "conflict") {
+    b.status = BeginStatus::fingerprint_conflict;
+    b.stored_fingerprint = r.elements[4].str;
+  } else {
+    throw Error(errc::protocol_error, "idempotency_begin script: unknown status " + st);
+  }
+  return b;
+}
+
+void RedisIdempotencyStore::complete(std::string_view key, std::string_view owner, std::string_view result) {
+  static const redis::Script script{std::string(scripts::idempotency_complete)};
+  auto r = client_.eval(script, {opts_.prefix + std::string(key)},
+                        {std::string(owner), std::string(result), std::to_string(opts_.retention.count())},
+                        {opts_.timeout});
+  if (!r.is_array() || r.elements.empty())
+    throw Error(errc::protocol_error, "idempotency_complete script: unexpected reply " + redis::to_debug_string(r));
+  if (r.elements[0].integer == 1) return;
+  const std::string state = r.elements.size() > 1 && !r.elements[1].is_nil() ? r.elements[1].str : "absent";
+  const std::string holder = r.elements.size() > 2 && !r.elements[2].is_nil() ? r.elements[2].str : "nobody";
+  throw Error(errc::lease_lost, fmt::format("idempotency key \"{}\": not held by {} (state {}, owner {})", key,
+                                            owner, state, holder));
+}
+
+bool RedisIdempotencyStore::abandon(std::string_view key, std::string_view owner) {
+  static const redis::Script script{std::string(scripts::idempotency_abandon)};
+  auto r = client_.eval(script, {opts_.prefix + std::string(key)}, {std::string(owner)}, {opts_.timeout});
+  return r.is_integer() && r.integer == 1;
+}
+
+}  // namespace jobguard::guard

@@ -1,0 +1,10 @@
+-- Completion record: create once, otherwise return the one already there.
+-- KEYS[1] record key; ARGV[1] completed_by, ARGV[2] result, ARGV[3] retention ms (0 = forever)
+-- Returns {1 if recorded else 0, completed_at_ms, completed_by, result}
+local got = redis.call('HMGET', KEYS[1], 'at', 'by', 'result')
+if got[1] then return {0, got[1], got[2], got[3]} end
+local t = redis.call('TIME')
+local at = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+redis.call('HSET', KEYS[1], 'at', at, 'by', ARGV[1], 'result', ARGV[2])
+if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return {1, at, ARGV[1], ARGV[2]}
