@@ -16,8 +16,11 @@ namespace {
     auto scheme_end = shown.find("://");
     std::size_t start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
     if (at > start) {
+      // "user:password@" keeps the user; the password-only form "secret@"
+      // is all password.
       auto colon = shown.find(':', start);
       if (colon != std::string::npos && colon < at) shown.replace(colon + 1, at - colon - 1, "***");
+      else shown.replace(start, at - start, "***");
     }
   }
   throw Error(errc::invalid_url, fmt::format("{} in \"{}\"", what, shown));
@@ -111,6 +114,8 @@ ConnectionOptions parse_url(std::string_view url) {
     if (port.empty()) bad(url, "empty port after ':'");
   }
   if (host.empty()) bad(url, "missing host");
+  if (rest.front() != '[' && host.find(':') != std::string_view::npos)
+    bad(url, fmt::format("invalid host \"{}\" (an IPv6 address goes in brackets: [::1]:6379)", host));
   for (char c : host)
     if (c == ' ' || c == '/' || c == '?' || c == '#' || c == '@')
       bad(url, fmt::format("invalid character '{}' in host \"{}\"", c, host));
@@ -128,13 +133,19 @@ ConnectionOptions parse_url(std::string_view url) {
     std::string_view key = kv.substr(0, eq);
     std::string val = percent_decode(kv.substr(eq + 1), url, key);
     auto dur = [&](std::string_view what) {
+      std::chrono::milliseconds d{};
       try {
-        auto d = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(val, what));
-        if (d.count() <= 0) bad(url, fmt::format("option {} must be positive", key));
-        return d;
+        d = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(val, what));
       } catch (const Error& e) {
-        bad(url, fmt::format("option {}: {}", key, e.what()));
+        // Keep one "invalid URL:" prefix: drop the nested category text.
+        std::string_view why = e.what();
+        const std::string prefix = e.code().message() + ": ";
+        if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
+        bad(url, fmt::format("option {}: {}", key, why));
       }
+      // Outside the try: bad() throws the very type the handler catches.
+      if (d.count() <= 0) bad(url, fmt::format("option {} must be positive (at least 1ms)", key));
+      return d;
     };
     if (key == "timeout") o.command_timeout = dur("timeout");
     else if (key == "connect_timeout") o.connect_timeout = dur("connect_timeout");

@@ -1,0 +1,139 @@
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+
+#include "jobguard/error.hpp"
+#include "jobguard/redis/options.hpp"
+
+using namespace jobguard;
+using namespace jobguard::redis;
+using std::chrono::milliseconds;
+
+TEST(ParseUrl, DefaultsForAPlainHost) {
+  const auto o = parse_url("redis://cache.internal");
+  EXPECT_EQ(o.host, "cache.internal");
+  EXPECT_EQ(o.port, 6379);
+  EXPECT_EQ(o.db, 0);
+  EXPECT_TRUE(o.user.empty());
+  EXPECT_TRUE(o.password.empty());
+  EXPECT_FALSE(o.tls.enabled);
+}
+
+TEST(ParseUrl, UserPasswordPortAndDb) {
+  const auto o = parse_url("redis://alice:s3cret@cache.internal:6380/2");
+  EXPECT_EQ(o.user, "alice");
+  EXPECT_EQ(o.password, "s3cret");
+  EXPECT_EQ(o.host, "cache.internal");
+  EXPECT_EQ(o.port, 6380);
+  EXPECT_EQ(o.db, 2);
+  EXPECT_EQ(to_display_url(o), "redis://alice:***@cache.internal:6380/2");
+}
+
+TEST(ParseUrl, PasswordOnlyForms) {
+  const auto a = parse_url("redis://s3cret@h:7000");
+  EXPECT_TRUE(a.user.empty());
+  EXPECT_EQ(a.password, "s3cret");
+  EXPECT_EQ(a.port, 7000);
+  const auto b = parse_url("redis://:s3cret@h");
+  EXPECT_TRUE(b.user.empty());
+  EXPECT_EQ(b.password, "s3cret");
+  EXPECT_EQ(to_display_url(b), "redis://***@h:6379/0");
+}
+
+TEST(ParseUrl, PercentEncodedPasswordIsDecoded) {
+  const auto o = parse_url("redis://bob:p%40ss%3Aw%2Fd@h");
+  EXPECT_EQ(o.user, "bob");
+  EXPECT_EQ(o.password, "p@ss:w/d");
+}
+
+TEST(ParseUrl, BracketedIpv6HostWithPort) {
+  const auto o = parse_url("redis://[::1]:6380/1");
+  EXPECT_EQ(o.host, "::1");
+  EXPECT_EQ(o.port, 6380);
+  EXPECT_EQ(o.db, 1);
+  EXPECT_EQ(to_display_url(o), "redis://[::1]:6380/1");
+  EXPECT_EQ(parse_url("redis://[fe80::1]").port, 6379);
+}
+
+TEST(ParseUrl, RedissWithTlsOptions) {
+  const auto o = parse_url("rediss://h.example:6390/0?ca=/etc/ssl/ca%20bundle.pem&sni=redis.example&verify=no");
+  EXPECT_TRUE(o.tls.enabled);
+  EXPECT_EQ(o.tls.ca_file, "/etc/ssl/ca bundle.pem");
+  EXPECT_EQ(o.tls.server_name, "redis.example");
+  EXPECT_FALSE(o.tls.verify_peer);
+  EXPECT_EQ(o.port, 6390);
+  EXPECT_TRUE(parse_url("rediss://h").tls.verify_peer);
+}
+
+TEST(ParseUrl, DurationAndCountOptions) {
+  const auto o = parse_url("redis://h?timeout=250ms&connect_timeout=1s&connections=2&name=worker-7&db=4");
+  EXPECT_EQ(o.command_timeout, milliseconds(250));
+  EXPECT_EQ(o.connect_timeout, milliseconds(1000));
+  EXPECT_EQ(o.connections, 2);
+  EXPECT_EQ(o.client_name, "worker-7");
+  EXPECT_EQ(o.db, 4);
+}
+
+namespace {
+
+struct Bad {
+  const char* url;
+  const char* names;  // the message must contain this: the bad part, named
+};
+
+void PrintTo(const Bad& b, std::ostream* os) { *os << '"' << b.url << '"'; }
+
+}  // namespace
+
+class ParseUrlRejects : public ::testing::TestWithParam<Bad> {};
+
+TEST_P(ParseUrlRejects, WithAOneLineErrorNamingTheBadPartAndNeverThePassword) {
+  const Bad& b = GetParam();
+  try {
+    (void)parse_url(b.url);
+    FAIL() << "accepted " << b.url;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.code(), errc::invalid_url) << msg;
+    EXPECT_EQ(e.next(), next_step::stop);
+    EXPECT_NE(msg.find(b.names), std::string::npos) << "message \"" << msg << "\" does not name " << b.names;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("hunter2"), std::string::npos) << "password leaked: " << msg;
+    EXPECT_EQ(msg.rfind("invalid URL", 0), 0u) << msg;
+    EXPECT_EQ(msg.find("invalid URL", 1), std::string::npos) << "nested error text: " << msg;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Malformed, ParseUrlRejects,
+    ::testing::Values(Bad{"localhost:6379", "missing scheme"},
+                      Bad{"", "missing scheme"},
+                      Bad{"http://h:6379", "\"http\""},
+                      Bad{"redis://", "missing host"},
+                      Bad{"redis://:6379/0", "missing host"},
+                      Bad{"redis://alice:hunter2@:6379/0", "missing host"},
+                      Bad{"redis://h:0", "port \"0\""},
+                      Bad{"redis://h:99999", "port \"99999\""},
+                      Bad{"redis://h:abc", "port \"abc\""},
+                      Bad{"redis://h:", "empty port"},
+                      Bad{"redis://alice:hunter2@h:99999", "port \"99999\""},
+                      Bad{"redis://hunter2@h:abc", "port \"abc\""},
+                      Bad{"redis://hunter2@h/x", "database \"x\""},
+                      Bad{"redis://h/-1", "database \"-1\""},
+                      Bad{"redis://h/x", "database \"x\""},
+                      Bad{"redis://h/1/2", "database \"1/2\""},
+                      Bad{"redis://alice:hunter2%zz@h", "%-escape in password"},
+                      Bad{"redis://alice:hunter2%4@h", "%-escape in password"},
+                      Bad{"redis://h?foo=1", "unknown option \"foo\""},
+                      Bad{"redis://alice:hunter2@h?bogus=1", "unknown option \"bogus\""},
+                      Bad{"redis://h?timeout", "option \"timeout\" has no value"},
+                      Bad{"redis://h?timeout=5x", "timeout"},
+                      Bad{"redis://h?timeout=0ms", "timeout must be positive"},
+                      Bad{"redis://h?connections=0", "connections \"0\""},
+                      Bad{"rediss://h?verify=maybe", "verify=\"maybe\""},
+                      Bad{"redis://alice:@h", "empty password"},
+                      Bad{"redis://[::1", "IPv6"},
+                      Bad{"redis://[::1]x", "after IPv6 host"},
+                      Bad{"redis://h:6379:1", "host"},
+                      Bad{"redis://h st", "host"}));
