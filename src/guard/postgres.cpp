@@ -326,20 +326,18 @@ bool PgTransaction::advisory_xact_lock(std::string_view lock_name, std::chrono::
   const std::string old_lock = saved.at(0).at(0).c_str(), old_stmt = saved.at(0).at(1).c_str();
   const auto stmt = std::max(impl_.opts.statement_timeout, timeout + std::chrono::milliseconds(1000));
   bool got = false;
-  {
-    // A lock_timeout error aborts the transaction: wait inside a savepoint so
-    // a "busy" answer leaves the caller's transaction usable.
-    pqxx::subtransaction sub(impl_.tx, "jobguard_advisory_wait");
-    try {
-      sub.exec_params("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)",
-                      std::to_string(timeout.count()), std::to_string(stmt.count()));
-      sub.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key(lock_name));
-      sub.commit();
-      got = true;
-    } catch (const pqxx::sql_error& e) {
-      if (!is_lock_timeout(e)) throw;
-      sub.abort();
-    }
+  // A lock_timeout error aborts the transaction: wait inside a savepoint so a
+  // "busy" answer leaves the caller's transaction usable.
+  impl_.tx.exec("SAVEPOINT jobguard_advisory_wait");
+  try {
+    impl_.tx.exec_params("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)",
+                         std::to_string(timeout.count()), std::to_string(stmt.count()));
+    impl_.tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key(lock_name));
+    impl_.tx.exec("RELEASE SAVEPOINT jobguard_advisory_wait");
+    got = true;
+  } catch (const pqxx::sql_error& e) {
+    if (!is_lock_timeout(e)) throw;
+    impl_.tx.exec("ROLLBACK TO SAVEPOINT jobguard_advisory_wait");
   }
   // Released savepoints keep SET LOCAL values: put the caller's back.
   impl_.tx.exec_params("SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)",
