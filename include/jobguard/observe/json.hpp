@@ -1,0 +1,24 @@
+// The same numbers as /metrics, as JSON for `--json` outputs, GET
+// /metrics.json and the dashboard. Separate from exposition.hpp so only the
+// code that wants nlohmann::json pulls it in.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "jobguard/observe/metrics.hpp"
+
+namespace jobguard::observe {
+
+// {"count": n, "sum_seconds": s, "p50_seconds": x|null, "p99_seconds": x|null,
+//  "buckets": [{"le": 0.0001, "count": cumulative}, ..., {"le": "+Inf", ...}]}
+nlohmann::json to_json(const HistogramSnapshot& h);
+
+// {"acquisitions_total": n, ..., "wait_seconds": {histogram}, "hold_seconds": {...}}
+nlohmann::json to_json(const LockClassSnapshot& c);
+
+// {"lock_classes": {"billing": {...}, ...}}
+nlohmann::json to_json(const std::vector<LockClassSnapshot>& classes);
+nlohmann::json to_json(const Registry& registry);
+
+}  // namespace jobguard::observe

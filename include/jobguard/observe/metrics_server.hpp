@@ -1,0 +1,69 @@
+// A small HTTP server for scrapes: GET /metrics (Prometheus text 0.0.4),
+// GET /metrics.json (the same numbers as JSON), GET /healthz. Anything else
+// is 404, any method but GET is 405. It runs its own event loop on its own
+// thread, so scrapes never touch the Redis event loop or job threads.
+//
+// Every read and write has a deadline: a client that connects and sends
+// nothing (or reads nothing) is dropped when it expires, and because the loop
+// is asynchronous it never delays other scrapes meanwhile.
+//
+// Threads: start/stop/port from one owner thread. The Registry must outlive
+// the server. The Boost.Beast machinery lives in metrics_server.cpp only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "jobguard/observe/metrics.hpp"
+
+namespace jobguard::observe {
+
+struct ListenAddress {
+  std::string host;  // "127.0.0.1", "0.0.0.0", "::1" (no brackets), "localhost"
+  std::uint16_t port = 0;
+};
+
+// Parses "host:port" or "[ipv6]:port"; port 0..65535 (0 = pick a free one).
+// Throws jobguard::Error(invalid_argument) with a one-line message naming
+// the bad part, e.g. `--listen "localhost:99999": port must be 0..65535`.
+ListenAddress parse_listen_address(std::string_view text);
+
+struct MetricsServerOptions {
+  ListenAddress listen{"127.0.0.1", 9464};
+  // Deadline for receiving one whole request, from when the connection is
+  // accepted (or the previous response was written). Default 5 s; zero is
+  // not allowed (a client could hold a connection forever).
+  std::chrono::milliseconds read_timeout{5000};
+  // Deadline for writing one response. Default 5 s; must be positive.
+  std::chrono::milliseconds write_timeout{5000};
+  // Open connections beyond this are closed at once. Default 64.
+  std::size_t max_connections = 64;
+};
+
+class MetricsServer {
+ public:
+  MetricsServer(Registry& registry, MetricsServerOptions options);
+  ~MetricsServer();  // stop()
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // Binds and starts serving; returns once the socket listens, so port() is
+  // valid. Throws jobguard::Error(invalid_argument) when the address cannot
+  // be resolved or bound (in use, not local).
+  void start();
+  // Closes the listener and every connection, joins the thread. Idempotent.
+  void stop();
+  // The bound port (the real one when options asked for port 0).
+  std::uint16_t port() const noexcept;
+  // "http://127.0.0.1:9464" (IPv6 hosts in brackets).
+  std::string base_url() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace jobguard::observe
