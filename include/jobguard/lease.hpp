@@ -1,0 +1,123 @@
+// Leases: a held lock that renews itself and says the moment it is lost.
+//
+// One LeaseScheduler renews every lease of a process from a deadline queue on
+// the client's event loop (no thread per lock), at ttl/3 with jitter, sending
+// the renewals that fall due together in one pipeline. A lease knows its *safe
+// time left* on the monotonic clock, counted from when the last successful
+// renewal was *sent* (the server's TTL restarted no earlier than that) minus a
+// drift allowance. It is lost when a renewal finds the token gone, when
+// renewals keep failing until the safe time runs out, when the process was
+// stopped (SIGSTOP, a long pause) past that time, or at the hard job timeout.
+// The job hears it at once through a std::stop_token and a callback.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "jobguard/lock.hpp"
+
+namespace jobguard {
+
+struct LeaseOptions {
+  // Renewal period. Default 0 = ttl/3.
+  std::chrono::milliseconds renew_every{0};
+  // Renewal times are spread by +/- this fraction of the period so leases
+  // taken together do not renew in lockstep forever. Default 0.1.
+  double jitter = 0.1;
+  // Clock-drift allowance subtracted from the safe time. Default 0 = ttl/100 + 2 ms.
+  std::chrono::milliseconds drift{0};
+  // Hard job timeout measured from acquisition. Default 0 = none.
+  std::chrono::milliseconds hard_timeout{0};
+  // Renewals due within this window of each other are sent together. Default 10 ms.
+  std::chrono::milliseconds coalesce{10};
+};
+
+enum class LeaseState {
+  active,
+  released,      // released by its owner
+  token_gone,    // a renewal found the key gone or owned by someone else
+  expired,       // renewals failed (or the process was paused) until the safe time ran out
+  timed_out,     // the hard job timeout passed
+};
+const char* to_string(LeaseState s) noexcept;
+
+class LeaseScheduler;
+
+// A handle to a renewing lock. Destroying it releases the lock.
+// Threads: safe_time_left(), ensure(), lost(), state() and stop_token() may be
+// called from any thread; the on_lost callback runs on the event loop.
+class Lease {
+ public:
+  Lease(Lease&&) noexcept;
+  Lease& operator=(Lease&&) noexcept;
+  ~Lease();
+
+  const std::string& key() const noexcept;
+  const std::string& token() const noexcept;
+  const std::string& resource() const noexcept;
+  std::optional<std::int64_t> fence() const noexcept;
+
+  // Time the lock is still certainly ours (zero when lost). Computed from the
+  // monotonic clock on every call, so a caller resuming from a pause sees the
+  // truth before the scheduler has run.
+  std::chrono::milliseconds safe_time_left() const noexcept;
+  // Throws Error(errc::lease_lost) unless at least `min_left` is left: call it
+  // before each side effect ("ensure at least 2 s left").
+  void ensure(std::chrono::milliseconds min_left) const;
+  bool lost() const noexcept;
+  LeaseState state() const noexcept;
+  std::string reason() const;  // why it was lost, one line; empty while active
+  std::uint64_t renewals() const noexcept;
+
+  std::stop_token stop_token() const noexcept;
+  // Runs once, on the event loop, when the lease is lost (not on release);
+  // immediately (posted) if it is already lost.
+  void on_lost(std::function<void(LeaseState, const std::string&)> fn);
+
+  // Stops renewing and releases (compare-and-delete). True if it was still ours.
+  bool release();
+
+  struct State;
+
+ private:
+  friend class LeaseScheduler;
+  explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  std::shared_ptr<State> s_;
+};
+
+struct LeaseSchedulerStats {
+  std::uint64_t active = 0;
+  std::uint64_t renewals_sent = 0;
+  std::uint64_t renewal_batches = 0;  // timer wake-ups that sent at least one renewal
+  std::uint64_t renewal_failures = 0;
+  std::uint64_t lost = 0;
+};
+
+class LeaseScheduler : public std::enable_shared_from_this<LeaseScheduler> {
+ public:
+  static std::shared_ptr<LeaseScheduler> create(std::shared_ptr<LockService> service);
+  ~LeaseScheduler();
+
+  // Takes over a held lock and keeps it renewed.
+  Lease adopt(Lock lock, const LeaseOptions& opts = {});
+  // Acquire + adopt. nullopt when busy for the whole wait.
+  std::optional<Lease> acquire(std::string_view resource, const LockOptions& lock_opts,
+                               const LeaseOptions& lease_opts = {});
+
+  LeaseSchedulerStats stats() const;
+  LockService& service() noexcept { return *service_; }
+
+  struct Impl;
+
+ private:
+  friend class Lease;
+  explicit LeaseScheduler(std::shared_ptr<LockService> service);
+  std::shared_ptr<LockService> service_;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace jobguard

@@ -1,0 +1,303 @@
+#include "jobguard/lease.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "jobguard/error.hpp"
+#include "lock/lease_timeline.hpp"
+
+namespace jobguard {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using ms = std::chrono::milliseconds;
+
+const char* to_string(LeaseState s) noexcept {
+  switch (s) {
+    case LeaseState::active: return "active";
+    case LeaseState::released: return "released";
+    case LeaseState::token_gone: return "token_gone";
+    case LeaseState::expired: return "expired";
+    case LeaseState::timed_out: return "timed_out";
+  }
+  return "?";
+}
+
+struct Lease::State {
+  State(std::shared_ptr<LeaseScheduler> s, Lock l, const LeaseOptions& o)
+      : sched(std::move(s)),
+        lock(std::move(l)),
+        opts(o),
+        tl(detail::LeaseTimeline::resolve(lock.ttl(), o), lock.acquired_at()),
+        safe_until_ns(tl.safe_until().time_since_epoch().count()) {}
+
+  std::shared_ptr<LeaseScheduler> sched;
+  Lock lock;
+  LeaseOptions opts;
+  detail::LeaseTimeline tl;  // event-loop thread only
+  // Mirrors of the timeline for other threads.
+  std::atomic<Clock::rep> safe_until_ns;
+  std::atomic<LeaseState> state{LeaseState::active};
+  std::atomic<std::uint64_t> renewals{0};
+  mutable std::mutex mu;  // reason, on_lost
+  std::string reason;
+  std::function<void(LeaseState, const std::string&)> on_lost;
+  std::stop_source stop;
+  // Position in the scheduler's deadline queue (loop thread only).
+  bool queued = false;
+  std::multimap<Clock::time_point, std::shared_ptr<State>>::iterator qpos;
+};
+
+struct LeaseScheduler::Impl {
+  explicit Impl(asio::any_io_executor ex) : timer(ex) {}
+  asio::steady_timer timer;
+  Clock::time_point armed_for = Clock::time_point::max();
+  std::multimap<Clock::time_point, std::shared_ptr<Lease::State>> queue;  // loop thread only
+  std::mt19937_64 rng{std::random_device{}()};
+  std::atomic<std::uint64_t> active{0}, renewals_sent{0}, batches{0}, failures{0}, lost{0};
+  std::weak_ptr<LeaseScheduler> owner;
+
+  double jitter(double frac) {
+    if (frac <= 0) return 1.0;
+    std::uniform_real_distribution<double> d(1.0 - frac, 1.0 + frac);
+    return d(rng);
+  }
+
+  void schedule(const std::shared_ptr<Lease::State>& s) {
+    if (s->queued) queue.erase(s->qpos);
+    s->queued = false;
+    if (s->tl.state() != LeaseState::active) return;
+    s->qpos = queue.emplace(s->tl.next_wake(), s);
+    s->queued = true;
+    arm();
+  }
+
+  void unschedule(const std::shared_ptr<Lease::State>& s) {
+    if (s->queued) queue.erase(s->qpos);
+    s->queued = false;
+  }
+
+  void arm() {
+    if (queue.empty()) return;
+    const auto first = queue.begin()->first;
+    if (first >= armed_for) return;
+    armed_for = first;
+    timer.expires_at(first);
+    timer.async_wait([this, keep = owner.lock()](boost::system::error_code ec) {
+      if (ec == asio::error::operation_aborted) return;  // re-armed earlier, or shutting down
+      armed_for = Clock::time_point::max();
+      tick();
+    });
+  }
+
+  void publish(const std::shared_ptr<Lease::State>& s) {
+    s->safe_until_ns.store(s->tl.safe_until().time_since_epoch().count());
+    const LeaseState st = s->tl.state();
+    if (st == LeaseState::active || st == LeaseState::released) return;
+    if (s->state.load() != LeaseState::active) return;
+    std::function<void(LeaseState, const std::string&)> cb;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      s->reason = fmt::format("lease on {} lost: {}", s->lock.key(), s->tl.reason());
+      why = s->reason;
+      cb = std::move(s->on_lost);
+      s->on_lost = nullptr;
+    }
+    s->state.store(st);
+    lost.fetch_add(1);
+    active.fetch_sub(1);
+    s->stop.request_stop();
+    unschedule(s);
+    if (cb) cb(st, why);
+  }
+
+  void tick() {
+    const auto now = Clock::now();
+    // Everything due now, plus renewals due within the coalescing window, go
+    // out in this turn of the loop: the client writes them as one pipeline.
+    std::vector<std::shared_ptr<Lease::State>> due;
+    const auto horizon = now + ms(50);  // bound on any lease's coalesce window
+    for (auto it = queue.begin(); it != queue.end() && it->first <= horizon;) {
+      const auto& s = it->second;
+      if (it->first <= now || it->first <= now + s->opts.coalesce) {
+        due.push_back(s);
+        s->queued = false;
+        it = queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    bool sent_any = false;
+    for (auto& s : due) {
+      if (s->tl.poll(now, s->opts.coalesce)) {
+        send_renewal(s, now);
+        sent_any = true;
+      }
+      publish(s);
+      schedule(s);
+    }
+    if (sent_any) batches.fetch_add(1, std::memory_order_relaxed);
+    arm();
+  }
+
+  void send_renewal(const std::shared_ptr<Lease::State>& s, Clock::time_point now) {
+    s->tl.renewal_sent(now);
+    renewals_sent.fetch_add(1, std::memory_order_relaxed);
+    auto self = owner.lock();
+    if (!self) return;
+    self->service().async_extend(
+        s->lock.resource(), s->lock.token(), s->lock.ttl(), [this, self, s](std::error_code ec, bool ours) {
+          const auto t = Clock::now();
+          if (ec) {
+            failures.fetch_add(1, std::memory_order_relaxed);
+            s->tl.renewal_failed(t, ec.message());
+          } else if (!ours) {
+            s->tl.renewal_token_gone();
+          } else {
+            s->renewals.fetch_add(1, std::memory_order_relaxed);
+            s->tl.renewal_succeeded(t, jitter(s->opts.jitter));
+          }
+          publish(s);
+          schedule(s);
+        });
+  }
+};
+
+// --- Lease --------------------------------------------------------------------
+
+Lease::Lease(Lease&&) noexcept = default;
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    if (s_) release();
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
+Lease::~Lease() {
+  if (s_) release();
+}
+
+const std::string& Lease::key() const noexcept { return s_->lock.key(); }
+const std::string& Lease::token() const noexcept { return s_->lock.token(); }
+const std::string& Lease::resource() const noexcept { return s_->lock.resource(); }
+std::optional<std::int64_t> Lease::fence() const noexcept { return s_->lock.fence(); }
+
+std::chrono::milliseconds Lease::safe_time_left() const noexcept {
+  if (s_->state.load() != LeaseState::active) return ms(0);
+  const auto until = Clock::time_point(Clock::duration(s_->safe_until_ns.load()));
+  const auto now = Clock::now();
+  if (now >= until) return ms(0);
+  return std::chrono::duration_cast<ms>(until - now);
+}
+
+void Lease::ensure(std::chrono::milliseconds min_left) const {
+  const auto left = safe_time_left();
+  if (left <= ms(0) || left < min_left) {
+    const auto st = s_->state.load();
+    throw Error(errc::lease_lost,
+                st != LeaseState::active ? reason()
+                                         : fmt::format("lease on {} has {} ms of safe time left, {} ms required",
+                                                       key(), left.count(), min_left.count()));
+  }
+}
+
+bool Lease::lost() const noexcept {
+  const auto st = s_->state.load();
+  return st != LeaseState::active && st != LeaseState::released;
+}
+LeaseState Lease::state() const noexcept { return s_->state.load(); }
+std::string Lease::reason() const {
+  std::lock_guard<std::mutex> g(s_->mu);
+  return s_->reason;
+}
+std::uint64_t Lease::renewals() const noexcept { return s_->renewals.load(); }
+std::stop_token Lease::stop_token() const noexcept { return s_->stop.get_token(); }
+
+void Lease::on_lost(std::function<void(LeaseState, const std::string&)> fn) {
+  std::unique_lock<std::mutex> g(s_->mu);
+  const auto st = s_->state.load();
+  if (st != LeaseState::active && st != LeaseState::released) {
+    const std::string why = s_->reason;
+    g.unlock();
+    asio::post(s_->sched->service().client().get_executor(), [fn = std::move(fn), st, why] { fn(st, why); });
+    return;
+  }
+  s_->on_lost = std::move(fn);
+}
+
+bool Lease::release() {
+  auto s = std::move(s_);
+  if (!s) return false;
+  LeaseState expected = LeaseState::active;
+  const bool was_active = s->state.compare_exchange_strong(expected, LeaseState::released);
+  auto impl = s->sched->impl_;
+  if (was_active) impl->active.fetch_sub(1);
+  asio::post(s->sched->service().client().get_executor(), [impl, s] {
+    s->tl.released();
+    impl->unschedule(s);
+  });
+  if (!was_active) {
+    s->lock.detach();  // lost: the key is someone else's or gone; never delete it
+    return false;
+  }
+  if (s->sched->service().client().running_in_loop_thread()) {
+    // Cannot block here: release asynchronously (the Lock destructor does).
+    return true;
+  }
+  try {
+    return s->lock.release();
+  } catch (const Error&) {
+    return false;  // unreachable Redis: the TTL frees the lock
+  }
+}
+
+// --- LeaseScheduler -------------------------------------------------------------
+
+LeaseScheduler::LeaseScheduler(std::shared_ptr<LockService> service)
+    : service_(std::move(service)), impl_(std::make_shared<Impl>(service_->client().get_executor())) {}
+
+LeaseScheduler::~LeaseScheduler() = default;
+
+std::shared_ptr<LeaseScheduler> LeaseScheduler::create(std::shared_ptr<LockService> service) {
+  auto s = std::shared_ptr<LeaseScheduler>(new LeaseScheduler(std::move(service)));
+  s->impl_->owner = s;
+  return s;
+}
+
+Lease LeaseScheduler::adopt(Lock lock, const LeaseOptions& opts) {
+  if (!lock.held()) throw Error(errc::invalid_argument, "adopt: the lock is not held");
+  if (opts.jitter < 0 || opts.jitter >= 1) throw Error(errc::invalid_argument, "lease jitter must be in [0, 1)");
+  auto s = std::make_shared<Lease::State>(shared_from_this(), std::move(lock), opts);
+  impl_->active.fetch_add(1);
+  asio::post(service_->client().get_executor(), [impl = impl_, s] {
+    impl->publish(s);  // a lock adopted after its safe time is lost at once
+    impl->schedule(s);
+  });
+  return Lease(std::move(s));
+}
+
+std::optional<Lease> LeaseScheduler::acquire(std::string_view resource, const LockOptions& lock_opts,
+                                             const LeaseOptions& lease_opts) {
+  auto l = service_->acquire(resource, lock_opts);
+  if (!l) return std::nullopt;
+  return adopt(std::move(*l), lease_opts);
+}
+
+LeaseSchedulerStats LeaseScheduler::stats() const {
+  LeaseSchedulerStats st;
+  st.active = impl_->active.load();
+  st.renewals_sent = impl_->renewals_sent.load();
+  st.renewal_batches = impl_->batches.load();
+  st.renewal_failures = impl_->failures.load();
+  st.lost = impl_->lost.load();
+  return st;
+}
+
+}  // namespace jobguard

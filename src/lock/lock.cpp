@@ -1,0 +1,369 @@
+#include "jobguard/lock.hpp"
+
+#include <fmt/format.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <future>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "jobguard/error.hpp"
+#include "jobguard/redis/subscriber.hpp"
+
+namespace jobguard {
+namespace lock_scripts {
+extern const std::string_view acquire;
+extern const std::string_view release;
+extern const std::string_view extend;
+extern const std::string_view leave_queue;
+}  // namespace lock_scripts
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+const redis::Script& script_acquire() {
+  static const redis::Script s{std::string(lock_scripts::acquire)};
+  return s;
+}
+const redis::Script& script_extend() {
+  static const redis::Script s{std::string(lock_scripts::extend)};
+  return s;
+}
+const redis::Script& script_leave() {
+  static const redis::Script s{std::string(lock_scripts::leave_queue)};
+  return s;
+}
+}  // namespace
+
+const redis::Script& lock_release_script() {
+  static const redis::Script s{std::string(lock_scripts::release)};
+  return s;
+}
+
+// Loop-thread state of a LockService: the subscriber and the waiters.
+struct LockService::Impl {
+  std::mutex sub_mu;  // guards lazy creation only
+  std::unique_ptr<redis::Subscriber> subscriber;
+  // resource -> waiters to wake on release. Loop thread only.
+  struct WaiterBase {
+    virtual ~WaiterBase() = default;
+    virtual void wake() = 0;
+  };
+  std::unordered_map<std::string, std::unordered_set<WaiterBase*>> waiters;
+  std::unordered_map<std::string, redis::Subscriber::Id> subs;
+
+  redis::Subscriber& sub(redis::Client& c) {
+    std::lock_guard<std::mutex> g(sub_mu);
+    if (!subscriber) {
+      subscriber = std::make_unique<redis::Subscriber>(c);
+      // Messages published while we were reconnecting are gone: wake every
+      // waiter so none sleeps through a release it never heard about.
+      subscriber->set_on_reconnect([this] {
+        for (auto& [r, ws] : waiters)
+          for (auto* w : std::vector<WaiterBase*>(ws.begin(), ws.end())) w->wake();
+      });
+    }
+    return *subscriber;
+  }
+};
+
+namespace {
+
+// One acquire in progress: tries, then waits for a release message or its
+// backoff timer, until granted or past its deadline. Lives on the loop
+// thread; kept alive by its own pending operations.
+class Waiter final : public LockService::Impl::WaiterBase, public std::enable_shared_from_this<Waiter> {
+ public:
+  Waiter(std::shared_ptr<LockService> svc, std::string resource, LockOptions opts, LockService::AcquireHandler done)
+      : svc_(std::move(svc)),
+        impl_(nullptr),
+        resource_(std::move(resource)),
+        opts_(std::move(opts)),
+        done_(std::move(done)),
+        timer_(svc_->client().get_executor()),
+        rng_(std::random_device{}()) {}
+
+  void start(LockService::Impl* impl) {
+    impl_ = impl;
+    const auto& k = svc_->keys();
+    key_ = k.lock_key(resource_);
+    token_ = make_token(opts_.job_id);
+    deadline_ = Clock::now() + opts_.wait;
+    if (opts_.fence || opts_.fair) {
+      script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
+    }
+    attempt();
+  }
+
+  void wake() override {
+    if (finished_) return;
+    if (in_flight_) {
+      wake_pending_ = true;
+      return;
+    }
+    timer_.cancel();
+  }
+
+ private:
+  std::chrono::milliseconds waiter_lease() const {
+    return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(2000), opts_.backoff_max * 5);
+  }
+
+  void attempt() {
+    in_flight_ = true;
+    wake_pending_ = false;
+    sent_at_ = Clock::now();
+    auto self = shared_from_this();
+    const bool may_wait = opts_.wait.count() > 0;
+    if (script_keys_.empty()) {
+      // The plain form other clients (ioredis, node-redlock, Laravel) use too.
+      redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
+      svc_->client().async_exec(std::move(cmd), [self](std::error_code ec, redis::Reply r) {
+        self->in_flight_ = false;
+        if (ec) return self->finish(ec, false, std::nullopt);
+        if (r.is_ok()) return self->finish({}, true, std::nullopt);
+        self->busy();
+      });
+      return;
+    }
+    std::vector<std::string> args = {token_,
+                                     std::to_string(opts_.ttl.count()),
+                                     opts_.fence ? "1" : "0",
+                                     opts_.fair ? "1" : "0",
+                                     may_wait ? "1" : "0",
+                                     std::to_string(waiter_lease().count())};
+    svc_->client().async_eval(script_acquire(), script_keys_, std::move(args),
+                              [self](std::error_code ec, redis::Reply r) {
+                                self->in_flight_ = false;
+                                if (ec) return self->finish(ec, false, std::nullopt);
+                                if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
+                                  return self->finish(make_error_code(errc::protocol_error), false, std::nullopt,
+                                                      "unexpected reply to the acquire script: " + to_debug_string(r));
+                                if (r.elements[0].integer == 1) {
+                                  std::optional<std::int64_t> fence;
+                                  if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
+                                  return self->finish({}, true, fence);
+                                }
+                                self->busy();
+                              });
+  }
+
+  void busy() {
+    const auto now = Clock::now();
+    if (now >= deadline_) return give_up();
+    if (sub_id_ == 0) {
+      // Subscribe, and only then look again: a release between our failed
+      // attempt and the subscription would otherwise go unheard.
+      auto self = shared_from_this();
+      impl_->waiters[resource_].insert(this);
+      registered_ = true;
+      sub_id_ = svc_->impl_sub().subscribe(
+          svc_->keys().channel(resource_),
+          [w = std::weak_ptr<Waiter>(self)](const std::string&, const std::string&) {
+            if (auto s = w.lock()) s->wake();
+          },
+          [self] {
+            if (!self->finished_ && !self->in_flight_) self->timer_.cancel();
+          });
+    }
+    if (wake_pending_) return attempt();
+    // Full jitter: waiters spread out instead of stampeding in lockstep.
+    const auto cap = std::min<long long>(opts_.backoff_max.count(),
+                                         std::max<long long>(1, opts_.backoff_min.count()) << std::min(tries_, 16));
+    ++tries_;
+    std::uniform_int_distribution<long long> d(0, cap);
+    auto sleep = std::chrono::milliseconds(d(rng_));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now);
+    if (sleep > left) sleep = left;
+    timer_.expires_after(sleep);
+    timer_.async_wait([self = shared_from_this()](boost::system::error_code) {
+      // Cancelled = woken by a release message: try at once either way.
+      if (!self->finished_) self->attempt();
+    });
+  }
+
+  void give_up() {
+    if (opts_.fair && opts_.wait.count() > 0) {
+      // Best effort; a waiter that cannot leave expires from the queue anyway.
+      std::vector<std::string> keys = {script_keys_[2], script_keys_[3]};
+      svc_->client().async_eval(script_leave(), std::move(keys), {token_}, [](std::error_code, redis::Reply) {});
+    }
+    finish({}, false, std::nullopt);
+  }
+
+  void finish(std::error_code ec, bool granted, std::optional<std::int64_t> fence, std::string detail = {}) {
+    if (finished_) return;
+    finished_ = true;
+    timer_.cancel();
+    if (registered_) {
+      auto it = impl_->waiters.find(resource_);
+      if (it != impl_->waiters.end()) {
+        it->second.erase(this);
+        if (it->second.empty()) impl_->waiters.erase(it);
+      }
+    }
+    if (sub_id_ != 0) svc_->impl_sub().unsubscribe(sub_id_);
+    auto done = std::move(done_);
+    if (ec) {
+      (void)detail;
+      return done(ec, std::nullopt);
+    }
+    if (!granted) return done({}, std::nullopt);
+    done({}, svc_->make_lock(resource_, key_, token_, fence, opts_, sent_at_));
+  }
+
+  std::shared_ptr<LockService> svc_;
+  LockService::Impl* impl_;
+  std::string resource_;
+  LockOptions opts_;
+  LockService::AcquireHandler done_;
+  asio::steady_timer timer_;
+  std::mt19937_64 rng_;
+  std::string key_, token_;
+  std::vector<std::string> script_keys_;
+  Clock::time_point deadline_, sent_at_;
+  redis::Subscriber::Id sub_id_ = 0;
+  int tries_ = 0;
+  bool in_flight_ = false, wake_pending_ = false, finished_ = false, registered_ = false;
+};
+
+}  // namespace
+
+LockService::LockService(redis::Client& client, KeyBuilder keys)
+    : client_(client), keys_(std::move(keys)), impl_(std::make_shared<Impl>()) {}
+
+LockService::~LockService() {
+  // The subscriber posts its own shutdown to the loop; nothing else to undo:
+  // waiters hold a shared_ptr to us, so none is left when we die.
+}
+
+std::shared_ptr<LockService> LockService::create(redis::Client& client, KeyBuilder keys) {
+  return std::shared_ptr<LockService>(new LockService(client, std::move(keys)));
+}
+
+redis::Subscriber& LockService::impl_sub() { return impl_->sub(client_); }
+
+Lock LockService::make_lock(const std::string& resource, const std::string& key, const std::string& token,
+                            std::optional<std::int64_t> fence, const LockOptions& opts, Clock::time_point sent_at) {
+  Lock l;
+  l.service_ = shared_from_this();
+  l.resource_ = resource;
+  l.key_ = key;
+  l.token_ = token;
+  l.lock_class_ = opts.lock_class;
+  l.fence_ = fence;
+  l.ttl_ = opts.ttl;
+  // The TTL started when the server ran SET, which is after we sent it: the
+  // send time is the conservative start of the lease.
+  l.acquired_at_ = sent_at;
+  l.held_ = true;
+  return l;
+}
+
+void LockService::async_acquire(std::string resource, LockOptions opts, AcquireHandler done) {
+  // Validate on the caller's thread so bad input throws where it was written.
+  KeyBuilder::validate_resource(resource);
+  if (opts.ttl < std::chrono::milliseconds(10))
+    throw Error(errc::invalid_argument, fmt::format("lock ttl {} ms is below the 10 ms minimum", opts.ttl.count()));
+  if (opts.wait.count() < 0) throw Error(errc::invalid_argument, "negative wait");
+  auto w = std::make_shared<Waiter>(shared_from_this(), std::move(resource), std::move(opts), std::move(done));
+  asio::post(client_.get_executor(), [w, impl = impl_.get()] { w->start(impl); });
+}
+
+std::optional<Lock> LockService::acquire(std::string_view resource, const LockOptions& opts) {
+  if (client_.running_in_loop_thread())
+    throw Error(errc::invalid_argument, "blocking acquire on the event-loop thread would deadlock");
+  std::promise<std::optional<Lock>> p;
+  auto f = p.get_future();
+  async_acquire(std::string(resource), opts, [&p](std::error_code ec, std::optional<Lock> l) {
+    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, "acquire")));
+    else p.set_value(std::move(l));
+  });
+  return f.get();
+}
+
+void LockService::async_release(const std::string& resource, const std::string& token,
+                                std::function<void(std::error_code, bool)> done) {
+  std::vector<std::string> keys = {keys_.lock_key(resource)};
+  client_.async_eval(lock_release_script(), std::move(keys), {token, keys_.channel(resource)},
+                     [done = std::move(done)](std::error_code ec, redis::Reply r) {
+                       if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+                     });
+}
+
+void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
+                               std::function<void(std::error_code, bool)> done) {
+  std::vector<std::string> keys = {keys_.lock_key(resource)};
+  client_.async_eval(script_extend(), std::move(keys), {token, std::to_string(ttl.count())},
+                     [done = std::move(done)](std::error_code ec, redis::Reply r) {
+                       if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+                     });
+}
+
+// --- Lock ---------------------------------------------------------------------
+
+Lock::Lock(Lock&& o) noexcept
+    : service_(std::move(o.service_)),
+      resource_(std::move(o.resource_)),
+      key_(std::move(o.key_)),
+      token_(std::move(o.token_)),
+      lock_class_(std::move(o.lock_class_)),
+      fence_(o.fence_),
+      ttl_(o.ttl_),
+      acquired_at_(o.acquired_at_),
+      held_(o.held_) {
+  o.held_ = false;
+}
+
+Lock& Lock::operator=(Lock&& o) noexcept {
+  if (this != &o) {
+    if (held_ && service_) service_->async_release(resource_, token_, nullptr);
+    service_ = std::move(o.service_);
+    resource_ = std::move(o.resource_);
+    key_ = std::move(o.key_);
+    token_ = std::move(o.token_);
+    lock_class_ = std::move(o.lock_class_);
+    fence_ = o.fence_;
+    ttl_ = o.ttl_;
+    acquired_at_ = o.acquired_at_;
+    held_ = o.held_;
+    o.held_ = false;
+  }
+  return *this;
+}
+
+Lock::~Lock() {
+  // Scope exit is release; fire and forget so a destructor never blocks. If
+  // it cannot reach Redis the TTL frees the lock.
+  if (held_ && service_) service_->async_release(resource_, token_, nullptr);
+}
+
+bool Lock::release() {
+  if (!held_) return false;
+  held_ = false;
+  std::promise<bool> p;
+  auto f = p.get_future();
+  service_->async_release(resource_, token_, [&p](std::error_code ec, bool ours) {
+    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, "release")));
+    else p.set_value(ours);
+  });
+  return f.get();
+}
+
+bool Lock::extend(std::chrono::milliseconds ttl) {
+  if (!held_) return false;
+  if (ttl.count() == 0) ttl = ttl_;
+  std::promise<bool> p;
+  auto f = p.get_future();
+  service_->async_extend(resource_, token_, ttl, [&p](std::error_code ec, bool ours) {
+    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, "extend")));
+    else p.set_value(ours);
+  });
+  return f.get();
+}
+
+}  // namespace jobguard

@@ -1,0 +1,55 @@
+-- Grant a lock, optionally with a fencing token and FIFO fairness, atomically.
+-- KEYS: 1 lock, 2 fence counter, 3 fair queue (list), 4 fair queue expiries (zset)
+-- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 fair 0|1, 5 enqueue-if-busy 0|1, 6 waiter lease ms
+-- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy.
+local token = ARGV[1]
+local fair = ARGV[4] == '1'
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if fair then
+  -- A waiter that stopped refreshing its place (crashed, gave up) must not
+  -- block the queue: drop expired heads.
+  while true do
+    local head = redis.call('LINDEX', KEYS[3], 0)
+    if not head then break end
+    local exp = redis.call('ZSCORE', KEYS[4], head)
+    if exp and tonumber(exp) > now_ms then break end
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], head)
+  end
+end
+
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free and fair then
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  if head and head ~= token then free = false end
+end
+
+if free then
+  redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+  if fair then
+    if redis.call('LINDEX', KEYS[3], 0) == token then redis.call('LPOP', KEYS[3]) end
+    redis.call('ZREM', KEYS[4], token)
+  end
+  local fence = -1
+  if ARGV[3] == '1' then
+    -- Never below the server's clock in microseconds: a counter lost to a
+    -- restart without persistence, or to failover onto a lagging replica,
+    -- still issues a token above every token granted before (docs/fencing.md).
+    local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+    fence = math.max(cur + 1, floor)
+    redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  return {1, fence}
+end
+
+if fair and ARGV[5] == '1' then
+  local lease = tonumber(ARGV[6])
+  if not redis.call('ZSCORE', KEYS[4], token) then redis.call('RPUSH', KEYS[3], token) end
+  redis.call('ZADD', KEYS[4], now_ms + lease, token)
+  redis.call('PEXPIRE', KEYS[3], lease * 2)
+  redis.call('PEXPIRE', KEYS[4], lease * 2)
+end
+return {0, redis.call('PTTL', KEYS[1])}
