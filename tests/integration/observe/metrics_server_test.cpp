@@ -1,0 +1,211 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "exposition_parser.hpp"
+#include "http_client.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/observe/metrics.hpp"
+#include "jobguard/observe/metrics_server.hpp"
+
+using namespace jobguard::observe;
+using jobguard::test::http_request;
+using jobguard::test::parse_exposition;
+using jobguard::test::TcpConn;
+using namespace std::chrono_literals;
+
+namespace {
+
+MetricsServerOptions ephemeral() {
+  MetricsServerOptions o;
+  o.listen = {"127.0.0.1", 0};
+  return o;
+}
+
+void fill(Registry& r) {
+  auto& b = r.lock_class("billing");
+  b.acquisitions_total.inc(5);
+  b.busy_total.inc(2);
+  b.hold_seconds.observe(3ms);
+  b.hold_seconds.observe(40ms);
+  b.hold_seconds.observe(8s);
+  b.wait_seconds.observe(1ms);
+  b.leases_lost_total.inc();
+  auto& s = r.lock_class("tenant \"sync\"");
+  s.fail_open_total.inc(7);
+}
+
+}  // namespace
+
+TEST(MetricsServer, ScrapeIsWellFormedAndCarriesTheRegistryNumbers) {
+  Registry r;
+  fill(r);
+  MetricsServer server(r, ephemeral());
+  server.start();
+  ASSERT_NE(server.port(), 0);
+
+  const auto res = http_request(server.port(), "GET", "/metrics");
+  ASSERT_EQ(res.status, 200);
+  EXPECT_EQ(res.headers.at("content-type"), "text/plain; version=0.0.4; charset=utf-8");
+
+  const auto e = parse_exposition(res.body);
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems) << "\n" << res.body;
+  EXPECT_EQ(e.type.at("jobguard_lock_acquisitions_total"), "counter");
+  EXPECT_EQ(e.type.at("jobguard_lock_hold_seconds"), "histogram");
+  EXPECT_EQ(e.samples.at("jobguard_lock_acquisitions_total{lock_class=\"billing\"}"), 5);
+  EXPECT_EQ(e.samples.at("jobguard_lock_busy_total{lock_class=\"billing\"}"), 2);
+  EXPECT_EQ(e.samples.at("jobguard_lock_leases_lost_total{lock_class=\"billing\"}"), 1);
+  EXPECT_EQ(e.samples.at("jobguard_lock_fail_open_total{lock_class=\"tenant \\\"sync\\\"\"}"), 7);
+  EXPECT_EQ(e.samples.at("jobguard_lock_hold_seconds_count{lock_class=\"billing\"}"), 3);
+  EXPECT_EQ(e.samples.at("jobguard_lock_hold_seconds_bucket{lock_class=\"billing\",le=\"0.005\"}"), 1);
+  EXPECT_EQ(e.samples.at("jobguard_lock_hold_seconds_bucket{lock_class=\"billing\",le=\"0.05\"}"), 2);
+  EXPECT_EQ(e.samples.at("jobguard_lock_hold_seconds_bucket{lock_class=\"billing\",le=\"10\"}"), 3);
+  EXPECT_EQ(e.samples.at("jobguard_lock_hold_seconds_bucket{lock_class=\"billing\",le=\"+Inf\"}"), 3);
+  EXPECT_NEAR(e.samples.at("jobguard_lock_hold_seconds_sum{lock_class=\"billing\"}"), 8.043, 1e-9);
+
+  // A later scrape sees later increments: the server renders live numbers.
+  r.lock_class("billing").acquisitions_total.inc();
+  const auto again = parse_exposition(http_request(server.port(), "GET", "/metrics").body);
+  EXPECT_EQ(again.samples.at("jobguard_lock_acquisitions_total{lock_class=\"billing\"}"), 6);
+}
+
+TEST(MetricsServer, JsonAndHealthEndpoints) {
+  Registry r;
+  fill(r);
+  MetricsServer server(r, ephemeral());
+  server.start();
+
+  const auto json = http_request(server.port(), "GET", "/metrics.json");
+  ASSERT_EQ(json.status, 200);
+  EXPECT_EQ(json.headers.at("content-type"), "application/json");
+  const auto j = nlohmann::json::parse(json.body);
+  EXPECT_EQ(j.at("lock_classes").at("billing").at("acquisitions_total"), 5);
+  EXPECT_EQ(j.at("lock_classes").at("billing").at("hold_seconds").at("count"), 3);
+
+  const auto health = http_request(server.port(), "GET", "/healthz");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body, "ok\n");
+
+  // Query strings are ignored (some scrapers add them).
+  EXPECT_EQ(http_request(server.port(), "GET", "/metrics?format=text").status, 200);
+}
+
+TEST(MetricsServer, UnknownPathIs404AndOtherMethodsAre405) {
+  Registry r;
+  MetricsServer server(r, ephemeral());
+  server.start();
+  EXPECT_EQ(http_request(server.port(), "GET", "/").status, 404);
+  EXPECT_EQ(http_request(server.port(), "GET", "/metricsx").status, 404);
+  const auto post = http_request(server.port(), "POST", "/metrics");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.headers.at("allow"), "GET");
+  EXPECT_EQ(http_request(server.port(), "DELETE", "/healthz").status, 405);
+}
+
+TEST(MetricsServer, KeepAliveServesSeveralRequestsOnOneConnection) {
+  Registry r;
+  MetricsServer server(r, ephemeral());
+  server.start();
+  TcpConn c(server.port(), 5s);
+  c.send_all("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string raw = c.read_to_eof(5s);
+  std::size_t count = 0;
+  for (auto p = raw.find("HTTP/1.1 200"); p != std::string::npos; p = raw.find("HTTP/1.1 200", p + 1)) ++count;
+  EXPECT_EQ(count, 2u) << raw;
+}
+
+TEST(MetricsServer, SilentClientDoesNotBlockOtherScrapesAndIsDroppedAtItsDeadline) {
+  Registry r;
+  r.lock_class("billing").acquisitions_total.inc();
+  MetricsServerOptions o = ephemeral();
+  o.read_timeout = 500ms;
+  MetricsServer server(r, o);
+  server.start();
+
+  TcpConn silent(server.port(), 5s);  // connects, sends nothing
+  TcpConn partial(server.port(), 5s);
+  partial.send_all("GET /metr");  // half a request line, then nothing
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(http_request(server.port(), "GET", "/metrics", 3s).status, 200);
+
+  // The server closes both when the read deadline passes (EOF, no response);
+  // without a deadline read_to_eof would throw after 10 s.
+  EXPECT_EQ(silent.read_to_eof(10s), "");
+  EXPECT_EQ(partial.read_to_eof(10s), "");
+}
+
+TEST(MetricsServer, OversizedRequestIsRefusedNotBuffered) {
+  Registry r;
+  MetricsServer server(r, ephemeral());
+  server.start();
+  TcpConn c(server.port(), 5s);
+  std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Junk: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
+  try {
+    c.send_all(req);  // may fail half-way once the server has closed
+  } catch (const std::runtime_error&) {
+  }
+  const std::string raw = c.read_to_eof(5s);
+  EXPECT_EQ(raw.find("200 OK"), std::string::npos);
+  EXPECT_EQ(http_request(server.port(), "GET", "/healthz").status, 200);
+}
+
+TEST(MetricsServer, StopClosesOpenConnectionsAndIsIdempotent) {
+  Registry r;
+  MetricsServerOptions o = ephemeral();
+  o.read_timeout = 60s;  // so only stop() can end the idle connection
+  MetricsServer server(r, o);
+  server.start();
+  const auto port = server.port();
+  TcpConn idle(port, 5s);
+  ASSERT_EQ(http_request(port, "GET", "/healthz").status, 200);  // the idle one was accepted first
+  server.stop();
+  EXPECT_EQ(idle.read_to_eof(5s), "");
+  server.stop();
+  EXPECT_THROW(http_request(port, "GET", "/healthz", 1s), std::runtime_error);
+}
+
+TEST(MetricsServer, PortInUseIsAOneLineError) {
+  Registry r;
+  MetricsServer first(r, ephemeral());
+  first.start();
+  MetricsServerOptions o;
+  o.listen = {"127.0.0.1", first.port()};
+  MetricsServer second(r, o);
+  try {
+    second.start();
+    FAIL() << "second bind on the same port succeeded";
+  } catch (const jobguard::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), jobguard::errc::invalid_argument);
+    EXPECT_NE(what.find("127.0.0.1:" + std::to_string(first.port())), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos);
+  }
+}
+
+TEST(MetricsServer, ConcurrentScrapesWhileWritersIncrement) {
+  Registry r;
+  MetricsServer server(r, ephemeral());
+  server.start();
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    auto& m = r.lock_class("billing");
+    while (!stop.load()) {
+      m.acquisitions_total.inc();
+      m.hold_seconds.observe(2ms);
+    }
+  });
+  std::vector<std::thread> scrapers;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t)
+    scrapers.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        const auto e = parse_exposition(http_request(server.port(), "GET", "/metrics").body);
+        if (e.problems.empty()) ++ok;
+      }
+    });
+  for (auto& s : scrapers) s.join();
+  stop = true;
+  writer.join();
+  EXPECT_EQ(ok.load(), 40);
+}

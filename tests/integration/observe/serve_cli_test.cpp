@@ -1,0 +1,212 @@
+// Runs the real `jobguard serve` binary, as an operator would.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exposition_parser.hpp"
+#include "http_client.hpp"
+
+using jobguard::test::http_request;
+using jobguard::test::parse_exposition;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kBinary = JOBGUARD_BINARY_DIR "/apps/jobguard/jobguard";
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("bind failed");
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A child process of the binary; stdout and stderr go to pipes. Killed
+// (SIGKILL) and reaped on destruction if still running.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> args) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(kBinary.c_str()));
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(kBinary.c_str(), argv.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    out_ = out[0];
+    err_ = err[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      int st;
+      ::waitpid(pid_, &st, 0);
+    }
+    ::close(out_);
+    ::close(err_);
+  }
+  pid_t pid() const { return pid_; }
+
+  // Waits up to `timeout` for the exit; returns the exit status, or -1 when
+  // it did not exit in time, -2 when a signal killed it.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -2;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+  // One line of stdout, waiting up to `timeout` for it (throws on timeout).
+  std::string read_stdout_line(std::chrono::milliseconds timeout) {
+    std::string s;
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    char ch;
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      if (::read(out_, &ch, 1) != 1) break;
+      if (ch == '\n') return s;
+      s += ch;
+    }
+    throw std::runtime_error("no line on stdout in time; got: " + s);
+  }
+  // After exit: everything the child wrote (pipes are at EOF by then).
+  std::string drain_stdout() { return drain(out_); }
+  std::string drain_stderr() { return drain(err_); }
+
+ private:
+  static std::string drain(int fd) {
+    std::string s;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) s.append(buf, static_cast<std::size_t>(n));
+    return s;
+  }
+  pid_t pid_ = -1;
+  int out_ = -1, err_ = -1;
+  bool reaped_ = false;
+};
+
+// Polls /healthz until the server answers (it binds right after start-up).
+bool wait_until_serving(std::uint16_t port) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until) {
+    try {
+      if (http_request(port, "GET", "/healthz", 1s).status == 200) return true;
+    } catch (const std::runtime_error&) {
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(ServeCli, ServesMetricsAndExitsZeroOnSigterm) {
+  const auto port = free_port();
+  Child c({"serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(wait_until_serving(port)) << "jobguard serve never answered on port " << port;
+
+  const auto res = http_request(port, "GET", "/metrics");
+  ASSERT_EQ(res.status, 200);
+  EXPECT_EQ(res.headers.at("content-type"), "text/plain; version=0.0.4; charset=utf-8");
+  const auto e = parse_exposition(res.body);
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
+  EXPECT_EQ(e.type.at("jobguard_lock_hold_seconds"), "histogram");
+  EXPECT_EQ(e.type.at("jobguard_lock_acquisitions_total"), "counter");
+  ASSERT_EQ(e.samples.size(), 1u);  // a fresh process: only build info
+  EXPECT_EQ(e.samples.begin()->first.rfind("jobguard_build_info{version=", 0), 0u);
+  EXPECT_EQ(http_request(port, "GET", "/nope").status, 404);
+  EXPECT_EQ(http_request(port, "PUT", "/metrics").status, 405);
+
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+  EXPECT_NE(c.drain_stdout().find("listening on http://127.0.0.1:" + std::to_string(port)), std::string::npos);
+  EXPECT_EQ(c.drain_stderr(), "");
+}
+
+TEST(ServeCli, SigintAlsoStopsCleanly) {
+  const auto port = free_port();
+  Child c({"serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(wait_until_serving(port));
+  // A client idling on a connection must not keep the process alive.
+  jobguard::test::TcpConn idle(port, 5s);
+  ASSERT_EQ(::kill(c.pid(), SIGINT), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+}
+
+TEST(ServeCli, JsonOutputNamesTheBoundPortWhenAskedForPortZero) {
+  Child c({"--json", "serve", "--listen", "127.0.0.1:0"});
+  const std::string line = c.read_stdout_line(10s);
+  const auto j = nlohmann::json::parse(line);
+  const auto port = j.at("port").get<std::uint16_t>();
+  ASSERT_NE(port, 0);
+  EXPECT_EQ(j.at("listening"), "http://127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(http_request(port, "GET", "/healthz").status, 200);
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+}
+
+TEST(ServeCli, MalformedListenIsAOneLineUsageError) {
+  for (const std::string bad : {"nonsense", "127.0.0.1:70000", "[::1:9464", "::1:9464", "127.0.0.1:abc"}) {
+    Child c({"serve", "--listen", bad});
+    EXPECT_EQ(c.wait_exit(10s), 64) << bad;
+    const std::string err = c.drain_stderr();
+    EXPECT_NE(err.find(bad), std::string::npos) << err;
+    ASSERT_FALSE(err.empty());
+    EXPECT_EQ(err.find('\n'), err.size() - 1) << "more than one line: " << err;
+  }
+}
+
+TEST(ServeCli, PortAlreadyInUseFailsWithOneLine) {
+  // Hold a listening socket on a port, then ask serve for the same one.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const auto port = std::to_string(ntohs(a.sin_port));
+  Child c({"serve", "--listen", "127.0.0.1:" + port});
+  const int status = c.wait_exit(10s);
+  ::close(fd);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(status, -1) << "serve kept running on a port it could not bind";
+  const std::string err = c.drain_stderr();
+  EXPECT_NE(err.find("127.0.0.1:" + port), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), err.size() - 1) << err;
+}
