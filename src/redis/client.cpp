@@ -236,7 +236,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_broken(std::error_code ec, const std::string& why) {
     if (state_ == State::closed || state_ == State::disconnected) return;
     if (state_ == State::ready) stats_->connected.fetch_sub(1);
-    const bool was_up = state_ == State::ready || state_ == State::handshaking;
+    const bool was_ready = state_ == State::ready;
     state_ = State::disconnected;
     ++generation_;
     connect_timer_.cancel();
@@ -248,12 +248,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
       last_error_code_ = ec;
       last_error_ = why;
     }
-    if (mux_.in_flight() > 0) {
-      // The server may have executed these before the socket died: say so.
-      mux_.fail_in_flight(make_error_code(errc::connection_lost),
-                          fmt::format("{}; the call was in flight and may or may not have run", why));
+    // Unconditionally: even with nothing in flight (every reply already read)
+    // the old write's completion may still be pending, and it will never run
+    // for this generation; a stale `writing` flag would block the next
+    // connection's handshake forever.
+    mux_.fail_in_flight(make_error_code(errc::connection_lost),
+                        fmt::format("{}; the call was in flight and may or may not have run", why));
+    if (was_ready) {
+      // Calls submitted to this connection but not yet written: they were
+      // issued against a live connection, so they fail now rather than
+      // silently waiting out their deadline on the next one.
+      mux_.fail_queued(make_error_code(errc::connection_lost), fmt::format("{}; the call was not sent", why));
+    } else if (next_step_for(last_error_code_) == next_step::stop) {
+      // A rejected certificate or password will not fix itself before the
+      // deadline: callers waiting for this connection learn it now.
+      mux_.fail_queued(last_error_code_, last_error_);
     }
-    (void)was_up;
     schedule_reconnect();
   }
 
@@ -516,6 +526,7 @@ Client::~Client() {
 
 const ConnectionOptions& Client::options() const noexcept { return impl_->opts; }
 asio::any_io_executor Client::get_executor() const noexcept { return impl_->ctx->get_executor(); }
+bool Client::running_in_loop_thread() const noexcept { return impl_->on_loop(); }
 
 void Client::async_exec(Command cmd, Completion done, CallOptions opts) {
   impl_->submit(cmd.payload(), std::move(done), opts);

@@ -104,6 +104,13 @@ bool EmbeddedRedis::wait_ready(std::chrono::milliseconds timeout) {
     redisContext* c = redisConnectWithTimeout(host_.c_str(), port_, tv);
     if (c != nullptr && c->err == 0) {
       redisSetTimeout(c, tv);
+      // A server started with --requirepass answers INFO with NOAUTH only.
+      for (std::size_t i = 0; i + 1 < opts_.extra_args.size(); ++i) {
+        if (opts_.extra_args[i] != "--requirepass") continue;
+        const std::string& pw = opts_.extra_args[i + 1];
+        auto* a = static_cast<redisReply*>(redisCommand(c, "AUTH %b", pw.data(), pw.size()));
+        if (a != nullptr) freeReplyObject(a);
+      }
       auto* r = static_cast<redisReply*>(redisCommand(c, "INFO server"));
       bool ours = false;
       if (r != nullptr && r->type == REDIS_REPLY_STRING) {

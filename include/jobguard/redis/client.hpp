@@ -66,6 +66,8 @@ class Client {
 
   const ConnectionOptions& options() const noexcept;
   boost::asio::any_io_executor get_executor() const noexcept;
+  // True on the event-loop thread (where blocking calls would deadlock).
+  bool running_in_loop_thread() const noexcept;
 
   // --- asynchronous interface (the one the lock layer uses) -----------------
   void async_exec(Command cmd, Completion done, CallOptions opts = {});

@@ -1,11 +1,18 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <mutex>
 #include <thread>
 
+#include "helpers.hpp"
 #include "support/redis_fixture.hpp"
 
 using namespace jobguard;
 using namespace jobguard::redis;
+using namespace jobguard::test;
 
 class RedisClient : public jobguard::test::RedisTest {};
 
@@ -32,4 +39,158 @@ TEST_F(RedisClient, ManyThreadsPipelineOverOneConnection) {
   EXPECT_EQ(ok.load(), kThreads * kPerThread);
   const auto s = c->stats();
   EXPECT_LT(s.writes, s.commands / 4) << "commands issued concurrently must share writes";
+}
+
+TEST_F(RedisClient, TwoConnectionsShareTheLoadAndKeepPerCallerOrder) {
+  auto o = options();
+  o.connections = 2;
+  o.client_name = "jg-two";
+  Client c(o);
+  ASSERT_TRUE(eventually([&] { return c.stats().connected == 2; })) << "both connections come up";
+  constexpr int kThreads = 4, kPerThread = 1500;
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      // Each thread waits for its reply before the next INCR, so the values it
+      // sees must be exactly 1..N whatever connection carried each call.
+      for (int i = 0; i < kPerThread; ++i)
+        if (c.exec(Command{"INCR", key(std::to_string(t))}).integer == i + 1) ok++;
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(ok.load(), kThreads * kPerThread);
+  // Both sockets are really in use: the server sees two clients by our name
+  // (set by the CLIENT SETNAME handshake), and both have run commands.
+  const std::string list = admin("CLIENT LIST");
+  std::size_t ours = 0, busy = 0;
+  for (std::size_t at = list.find("name=jg-two "); at != std::string::npos; at = list.find("name=jg-two ", at + 1)) {
+    ++ours;
+    const auto line_start = list.rfind('\n', at) == std::string::npos ? 0 : list.rfind('\n', at) + 1;
+    const std::string line = list.substr(line_start, list.find('\n', at) - line_start);
+    if (line.find("cmd=incr") != std::string::npos) ++busy;
+  }
+  EXPECT_EQ(ours, 2u) << list;
+  EXPECT_EQ(busy, 2u) << "both connections carry calls:\n" << list;
+}
+
+TEST_F(RedisClient, ErrorReplyFailsOnlyItsOwnCallWithServerError) {
+  auto c = make_client();
+  c->exec(Command{"SET", key("s"), "text"});
+  auto bad = c->exec_future(Command{"INCR", key("s")});
+  auto good = c->exec_future(Command{"INCR", key("n")});
+  const Error e = error_of([&] { bad.get(); });
+  EXPECT_EQ(e.code(), errc::server_error) << e.what();
+  EXPECT_NE(std::string(e.what()).find("not an integer"), std::string::npos) << e.what();
+  EXPECT_EQ(good.get().integer, 1);
+}
+
+TEST_F(RedisClient, CoroutineFormReturnsRepliesAndThrowsOnErrorReplies) {
+  auto c = make_client();
+  namespace asio = boost::asio;
+  const std::string k = key("co");
+  auto task = [&]() -> asio::awaitable<std::string> {
+    // g++ 12: build commands in named variables, not inside co_await (...).
+    Command set{"SET", k, "41"};
+    Reply r = co_await async_exec(*c, std::move(set), asio::use_awaitable);
+    if (!r.is_ok()) co_return "SET gave " + to_debug_string(r);
+    Command incr{"INCR", k};
+    r = co_await async_exec(*c, std::move(incr), asio::use_awaitable);
+    if (r.integer != 42) co_return "INCR gave " + to_debug_string(r);
+    Command wrong{"LPUSH", k, "x"};
+    try {
+      co_await async_exec(*c, std::move(wrong), asio::use_awaitable);
+      co_return "LPUSH on a string did not throw";
+    } catch (const Error& e) {
+      if (e.code() != errc::server_error) co_return std::string("wrong code: ") + e.what();
+      if (std::string(e.what()).find("WRONGTYPE") == std::string::npos) co_return std::string("message: ") + e.what();
+    }
+    co_return "ok";
+  };
+  auto f = asio::co_spawn(c->get_executor(), task(), asio::use_future);
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get(), "ok");
+}
+
+TEST_F(RedisClient, BlockingCallOnTheLoopThreadIsRefusedInsteadOfDeadlocking) {
+  auto c = make_client();
+  std::promise<std::error_code> p;
+  c->async_exec(Command{"PING"}, [&](std::error_code, Reply) {
+    try {
+      c->exec(Command{"PING"});
+      p.set_value({});
+    } catch (const Error& e) {
+      p.set_value(e.code());
+    }
+  });
+  auto f = p.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(f.get(), errc::invalid_argument);
+}
+
+TEST_F(RedisClient, DestroyingTheClientFailsPendingCallsWithShutdownAndDoesNotHang) {
+  auto c = make_client();
+  server->pause();  // SIGSTOP: nothing we send is answered
+  constexpr int kCalls = 2000;
+  std::vector<std::future<Reply>> fs;
+  std::atomic<int> async_shutdown{0}, async_calls{0};
+  for (int i = 0; i < kCalls; ++i) {
+    CallOptions co;
+    co.timeout = Ms(20000);
+    fs.push_back(c->exec_future(Command{"SET", key(std::to_string(i)), "v"}, co));
+    c->async_exec(
+        Command{"GET", key(std::to_string(i))},
+        [&](std::error_code ec, Reply) {
+          ++async_calls;
+          if (ec == errc::shutdown) ++async_shutdown;
+        },
+        co);
+  }
+  const auto t0 = SteadyClock::now();
+  c.reset();
+  EXPECT_LT(since(t0), Ms(5000)) << "the destructor must not wait for deadlines";
+  EXPECT_EQ(async_calls.load(), kCalls);
+  EXPECT_EQ(async_shutdown.load(), kCalls);
+  for (auto& f : fs) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+    const Error e = error_of([&] { f.get(); });
+    EXPECT_EQ(e.code(), errc::shutdown) << e.what();
+  }
+  server->resume();
+}
+
+TEST_F(RedisClient, MalformedUrlsFailBeforeAnyConnectionIsTried) {
+  for (const char* url : {"redis://127.0.0.1:99999", "http://127.0.0.1:6379", "redis://127.0.0.1/x"}) {
+    const Error e = error_of([&] { Client c(parse_url(url)); });
+    EXPECT_EQ(e.code(), errc::invalid_url) << url << ": " << e.what();
+  }
+  auto o = options();
+  o.connections = 0;
+  EXPECT_EQ(error_of([&] { Client c(o); }).code(), errc::invalid_argument);
+  o = options();
+  o.command_timeout = Ms(0);
+  EXPECT_EQ(error_of([&] { Client c(o); }).code(), errc::invalid_argument);
+  o = options();
+  o.tls.enabled = true;
+  o.tls.ca_file = server->dir() + "/no-such-ca.pem";
+  const Error e = error_of([&] { Client c(o); });
+  EXPECT_EQ(e.code(), errc::tls_error);
+  EXPECT_NE(std::string(e.what()).find("no-such-ca.pem"), std::string::npos) << e.what();
+}
+
+TEST_F(RedisClient, NoscriptAfterScriptFlushIsTransparentAndTheNextCallGoesBySha) {
+  auto c = make_client();
+  const Script echo("return ARGV[1] .. ':' .. KEYS[1]");
+  EXPECT_EQ(c->eval(echo, {"k1"}, {"a"}).str, "a:k1");  // first call: NOSCRIPT, then EVAL loads it
+  EXPECT_EQ(admin("SCRIPT FLUSH"), "OK");
+  EXPECT_EQ(c->eval(echo, {"k2"}, {"b"}).str, "b:k2");  // transparent reload
+  ASSERT_EQ(admin("CONFIG RESETSTAT"), "OK");
+  EXPECT_EQ(c->eval(echo, {"k3"}, {"c"}).str, "c:k3");
+  const std::string stats = admin("INFO commandstats");
+  EXPECT_NE(stats.find("cmdstat_evalsha:calls=1,"), std::string::npos) << stats;
+  EXPECT_EQ(stats.find("cmdstat_eval:"), std::string::npos) << "the cached script must go by SHA:\n" << stats;
+
+  // A script that fails is a script_error, not retried as NOSCRIPT.
+  const Script broken("return redis.call('NOPE')");
+  const Error e = error_of([&] { c->eval(broken, {}, {}); });
+  EXPECT_EQ(e.code(), errc::script_error) << e.what();
 }
