@@ -129,19 +129,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void connect_to(const tcp::resolver::results_type& results, std::uint64_t gen) {
     auto self = shared_from_this();
     if (opts_.tls.enabled) {
-      tls_.emplace(ctx_, *ssl_);
+      tls_ = std::make_shared<asio::ssl::stream<tcp::socket>>(ctx_, *ssl_);
       const std::string& sni = opts_.tls.server_name.empty() ? opts_.host : opts_.tls.server_name;
       // SSL_set_tlsext_host_name is a macro with a C cast; call what it expands to.
       SSL_ctrl(tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
                const_cast<char*>(sni.c_str()));
       if (opts_.tls.verify_peer) tls_->set_verify_callback(asio::ssl::host_name_verification(sni));
       asio::async_connect(tls_->lowest_layer(), results,
-                          [self, gen](boost::system::error_code ec, const tcp::endpoint&) {
+                          [self, gen, keep = tls_](boost::system::error_code ec, const tcp::endpoint&) {
                             if (gen != self->generation_ || self->state_ != State::connecting) return;
                             if (ec) return self->on_connect_error(ec);
                             self->tls_->lowest_layer().set_option(tcp::no_delay(true));
                             self->tls_->async_handshake(asio::ssl::stream_base::client,
-                                                        [self, gen](boost::system::error_code hec) {
+                                                        [self, gen, keep](boost::system::error_code hec) {
                                                           if (gen != self->generation_ ||
                                                               self->state_ != State::connecting)
                                                             return;
@@ -150,8 +150,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                                         });
                           });
     } else {
-      plain_.emplace(ctx_);
-      asio::async_connect(*plain_, results, [self, gen](boost::system::error_code ec, const tcp::endpoint&) {
+      plain_ = std::make_shared<tcp::socket>(ctx_);
+      asio::async_connect(*plain_, results, [self, gen, keep = plain_](boost::system::error_code ec,
+                                                                      const tcp::endpoint&) {
         if (gen != self->generation_ || self->state_ != State::connecting) return;
         if (ec) return self->on_connect_error(ec);
         self->plain_->set_option(tcp::no_delay(true));
@@ -279,6 +280,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
+  std::shared_ptr<void> stream() const {
+    if (tls_) return tls_;
+    return plain_;
+  }
+
   void close_socket() {
     boost::system::error_code ignored;
     if (plain_) {
@@ -313,7 +319,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const std::string& buf = mux_.prepare_write(internal_only);
     stats_->writes.fetch_add(1, std::memory_order_relaxed);
     const auto gen = generation_;
-    auto handler = [self = shared_from_this(), gen](boost::system::error_code ec, std::size_t) {
+    auto handler = [self = shared_from_this(), gen, keep = stream()](boost::system::error_code ec, std::size_t) {
       if (gen != self->generation_) return;
       if (ec) {
         self->on_broken(make_error_code(errc::connection_lost),
@@ -331,7 +337,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (reading_) return;
     reading_ = true;
     const auto gen = generation_;
-    auto handler = [self = shared_from_this(), gen](boost::system::error_code ec, std::size_t n) {
+    auto handler = [self = shared_from_this(), gen, keep = stream()](boost::system::error_code ec, std::size_t n) {
       if (gen != self->generation_) return;
       self->reading_ = false;
       if (ec) {
@@ -376,8 +382,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<asio::ssl::context> ssl_;
   std::shared_ptr<SharedStats> stats_;
   tcp::resolver resolver_;
-  std::optional<tcp::socket> plain_;
-  std::optional<asio::ssl::stream<tcp::socket>> tls_;
+  // Shared with every pending operation's handler: an ssl::stream's
+  // composed operations touch its internals when they complete, even when
+  // aborted, so a stream dropped by close_socket() must live until then.
+  std::shared_ptr<tcp::socket> plain_;
+  std::shared_ptr<asio::ssl::stream<tcp::socket>> tls_;
   asio::steady_timer connect_timer_, reconnect_timer_, sweep_timer_;
   Multiplexer mux_;
   std::array<char, 64 * 1024> rbuf_{};
@@ -395,7 +404,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 }  // namespace
 
-struct Client::Impl {
+// Shared with the handlers it posts: on a caller's io_context they may run
+// after the Client is gone, and must find `closed` set, not freed memory.
+struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
   ConnectionOptions opts;
   std::unique_ptr<asio::io_context> own_ctx;
   asio::io_context* ctx = nullptr;
@@ -470,7 +481,7 @@ struct Client::Impl {
     if (on_loop()) {
       pick().submit(std::move(r));
     } else {
-      asio::post(*ctx, [this, r = std::move(r)]() mutable {
+      asio::post(*ctx, [this, keep = shared_from_this(), r = std::move(r)]() mutable {
         if (closed.load()) return r.done(make_error_code(errc::shutdown), Reply::error_reply("client is shutting down"));
         pick().submit(std::move(r));
       });

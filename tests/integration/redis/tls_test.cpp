@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "helpers.hpp"
 #include "support/redis_fixture.hpp"
@@ -122,4 +123,33 @@ TEST_F(RedisTls, EmbeddedServerUrlConnectsOverTls) {
   ASSERT_TRUE(o.tls.enabled);
   Client c(o);
   EXPECT_EQ(c.exec(Command{"PING"}).str, "PONG");
+}
+
+TEST_F(RedisTls, TlsServerKilledWithCallsInFlightFailsThemAndTheClientReconnects) {
+  auto o = tls_options("ca=" + dir_ + "/ca.crt");
+  o.command_timeout = Ms(20000);
+  Client c(o);
+  ASSERT_EQ(c.exec(Command{"PING"}).str, "PONG");
+  ASSERT_EQ(admin("CLIENT PAUSE 20000 ALL"), "OK");
+  std::vector<std::future<Reply>> fs;
+  for (int i = 0; i < 2000; ++i) fs.push_back(c.exec_future(Command{"SET", key(std::to_string(i)), "v"}));
+  ASSERT_TRUE(eventually([&] { return c.stats().writes >= 2; }));
+  std::this_thread::sleep_for(Ms(100));
+  server->kill();
+  for (auto& f : fs) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    const Error e = error_of([&] { f.get(); });
+    EXPECT_EQ(e.code(), errc::connection_lost) << e.what();
+  }
+  server->start();
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          return c.exec(Command{"PING"}).str == "PONG";
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      Ms(5000)));
+  EXPECT_GE(c.stats().reconnects, 1u);
 }
