@@ -44,10 +44,19 @@ async function main() {
   const key = lockKey(opt.resource);
   const client = connect(opt.redis);
   const deadline = Date.now() + opt['deadline-s'] * 1000;
+  // The loop checks the deadline between attempts, but one attempt against an
+  // unreachable server can take several reconnect rounds: this bounds the whole.
+  setTimeout(() => {
+    process.stderr.write(`worker: ${opt.id}: not done after ${opt['deadline-s']} s, giving up\n`);
+    process.exit(1);
+  }, opt['deadline-s'] * 1000).unref();
   // node-redlock waits in its own retry loop; its 200 ms default delay would
-  // only make the test slow, not different in kind.
+  // only make the test slow, not different in kind. Its retry count is sized to
+  // the deadline so an unreachable Redis ends the worker instead of hanging it.
   const lock = opt.mode === 'none' ? null : makeLock(opt.mode, client, {
-    retryCount: 1000000, retryDelay: opt['retry-ms'], retryJitter: Math.max(1, Math.floor(opt['retry-ms'] / 2)),
+    retryCount: Math.ceil((opt['deadline-s'] * 1000) / Math.max(1, opt['retry-ms'])),
+    retryDelay: opt['retry-ms'],
+    retryJitter: Math.max(1, Math.floor(opt['retry-ms'] / 2)),
   });
 
   for (let i = 0; i < opt.iterations; i++) {
