@@ -49,6 +49,7 @@ struct Lease::State {
   std::string reason;
   std::function<void(LeaseState, const std::string&)> on_lost;
   std::stop_source stop;
+  std::atomic<bool> release_called{false};
   // Position in the scheduler's deadline queue (loop thread only).
   bool queued = false;
   std::multimap<Clock::time_point, std::shared_ptr<State>>::iterator qpos;
@@ -233,8 +234,9 @@ void Lease::on_lost(std::function<void(LeaseState, const std::string&)> fn) {
 }
 
 bool Lease::release() {
-  auto s = std::move(s_);
-  if (!s) return false;
+  // The handle stays usable (key(), reason()...) after release.
+  if (!s_ || s_->release_called.exchange(true)) return false;
+  auto& s = s_;
   LeaseState expected = LeaseState::active;
   const bool was_active = s->state.compare_exchange_strong(expected, LeaseState::released);
   auto impl = s->sched->impl_;

@@ -1,0 +1,262 @@
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "jobguard/error.hpp"
+#include "jobguard/lock.hpp"
+#include "support/redis_fixture.hpp"
+
+using namespace std::chrono_literals;
+using namespace jobguard;
+using Clock = std::chrono::steady_clock;
+using jobguard::test::eventually;
+
+class LockTest : public jobguard::test::RedisTest {
+ protected:
+  void SetUp() override {
+    RedisTest::SetUp();
+    client = make_client();
+    svc = LockService::create(*client);
+  }
+  void TearDown() override {
+    svc.reset();
+    client.reset();
+    RedisTest::TearDown();
+  }
+  std::string resource(const std::string& s) const {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    return std::string(info->name()) + ":" + s;
+  }
+  std::unique_ptr<redis::Client> client;
+  std::shared_ptr<LockService> svc;
+};
+
+TEST_F(LockTest, AcquireStoresThePlainTokenWithTheTtl) {
+  auto l = svc->acquire(resource("a"), LockOptions{.ttl = 5s});
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->key(), "jobguard:lock:{" + resource("a") + "}");
+  EXPECT_EQ(admin("GET " + l->key()), l->token());
+  const long pttl = std::stol(admin("PTTL " + l->key()));
+  EXPECT_GT(pttl, 4000);
+  EXPECT_LE(pttl, 5000);
+  EXPECT_FALSE(svc->acquire(resource("a")).has_value()) << "second acquire must be busy";
+  EXPECT_TRUE(l->release());
+  EXPECT_EQ(admin("EXISTS " + l->key()), "0");
+}
+
+TEST_F(LockTest, ReleaseByNonOwnerLeavesLockHeld) {
+  // The expire-then-reacquire race: A's lock expires, B takes it, then A
+  // finishes and releases. A must not delete B's lock.
+  auto a = svc->acquire(resource("r"), LockOptions{.ttl = 50ms});
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(eventually([&] { return admin("EXISTS " + a->key()) == "0"; }, 2s));
+  auto b = svc->acquire(resource("r"), LockOptions{.ttl = 10s});
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(a->release()) << "A's release must report the lock was no longer its own";
+  EXPECT_EQ(admin("GET " + b->key()), b->token());
+  EXPECT_FALSE(a->extend(10s)) << "nor may A extend B's lock";
+  EXPECT_TRUE(b->release());
+}
+
+TEST_F(LockTest, ScopeExitReleases) {
+  std::string key;
+  {
+    auto l = svc->acquire(resource("scope"));
+    ASSERT_TRUE(l);
+    key = l->key();
+  }
+  EXPECT_TRUE(eventually([&] { return admin("EXISTS " + key) == "0"; }, 2s));
+}
+
+TEST_F(LockTest, RespectsALockHeldByAnotherClientsPlainToken) {
+  // A Node or PHP worker using SET NX PX with its own token value.
+  const std::string key = svc->keys().lock_key(resource("foreign"));
+  ASSERT_EQ(admin("SET " + key + " node-worker-7f3a NX PX 10000"), "OK");
+  EXPECT_FALSE(svc->acquire(resource("foreign")).has_value());
+  admin("DEL " + key);
+  EXPECT_TRUE(svc->acquire(resource("foreign")).has_value());
+}
+
+TEST_F(LockTest, MutualExclusionAcrossThreads) {
+  std::atomic<int> inside{0}, overlaps{0}, entries{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < 25; ++i) {
+        auto l = svc->acquire(resource("mx"), LockOptions{.ttl = 5s, .wait = 10s});
+        ASSERT_TRUE(l);
+        if (inside.fetch_add(1) != 0) overlaps++;
+        entries++;
+        std::this_thread::sleep_for(200us);
+        inside.fetch_sub(1);
+        ASSERT_TRUE(l->release());
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(entries.load(), 200);
+}
+
+TEST_F(LockTest, MutualExclusionAcrossProcesses) {
+  char tmpl[] = "/tmp/jobguard-mx-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string log = tmpl;
+  const auto opts = options();
+  const std::string res = resource("proc");
+  std::vector<pid_t> kids;
+  for (int p = 0; p < 4; ++p) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        redis::Client c(opts);
+        auto s = LockService::create(c);
+        for (int i = 0; i < 20; ++i) {
+          auto l = s->acquire(res, LockOptions{.ttl = 5s, .wait = 20s});
+          if (!l) {
+            rc = 2;
+            break;
+          }
+          std::ofstream(log, std::ios::app) << "enter " << p << "\n" << std::flush;
+          std::this_thread::sleep_for(1ms);
+          std::ofstream(log, std::ios::app) << "exit " << p << "\n" << std::flush;
+          l->release();
+        }
+      } catch (...) {
+        rc = 3;
+      }
+      _exit(rc);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t k : kids) {
+    int st = 0;
+    waitpid(k, &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+  }
+  std::ifstream in(log);
+  std::string what, who, holder;
+  int n = 0;
+  while (in >> what >> who) {
+    if (what == "enter") {
+      EXPECT_EQ(holder, "") << "process " << who << " entered while " << holder << " was inside";
+      holder = who;
+      ++n;
+    } else {
+      EXPECT_EQ(holder, who);
+      holder.clear();
+    }
+  }
+  EXPECT_EQ(n, 80);
+  unlink(tmpl);
+}
+
+TEST_F(LockTest, TryOnceReturnsBusyImmediately) {
+  auto a = svc->acquire(resource("busy"));
+  ASSERT_TRUE(a);
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(svc->acquire(resource("busy")).has_value());
+  EXPECT_LT(Clock::now() - t0, 1s);
+}
+
+TEST_F(LockTest, WaitGivesUpAtTheDeadline) {
+  auto a = svc->acquire(resource("w"));
+  ASSERT_TRUE(a);
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(svc->acquire(resource("w"), LockOptions{.wait = 300ms}).has_value());
+  const auto took = Clock::now() - t0;
+  EXPECT_GE(took, 290ms);
+  EXPECT_LT(took, 3s);
+}
+
+TEST_F(LockTest, WaiterIsWokenByTheReleaseNotBackoff) {
+  auto a = svc->acquire(resource("wake"));
+  ASSERT_TRUE(a);
+  std::optional<Lock> b;
+  Clock::time_point got;
+  // A huge backoff: only the release message can wake the waiter in time.
+  std::thread t([&] {
+    b = svc->acquire(resource("wake"),
+                     LockOptions{.wait = 20s, .backoff_min = 10s, .backoff_max = 10s});
+    got = Clock::now();
+  });
+  std::this_thread::sleep_for(300ms);
+  const auto released = Clock::now();
+  ASSERT_TRUE(a->release());
+  t.join();
+  ASSERT_TRUE(b);
+  EXPECT_LT(got - released, 2s) << "the waiter slept through the release notification";
+}
+
+TEST_F(LockTest, LostNotificationCostsOneBackoffNotAHang) {
+  auto a = svc->acquire(resource("lost"));
+  ASSERT_TRUE(a);
+  std::optional<Lock> b;
+  std::thread t([&] {
+    b = svc->acquire(resource("lost"), LockOptions{.wait = 10s, .backoff_min = 20ms, .backoff_max = 100ms});
+  });
+  std::this_thread::sleep_for(200ms);
+  // Delete behind jobguard's back: no release message is ever published.
+  admin("DEL " + a->key());
+  a->detach();
+  t.join();
+  EXPECT_TRUE(b.has_value());
+}
+
+TEST_F(LockTest, FairModeHandsOffInArrivalOrder) {
+  const std::string r = resource("fair");
+  LockOptions fair{.ttl = 10s, .wait = 10s, .fair = true};
+  auto a = svc->acquire(r, fair);
+  ASSERT_TRUE(a);
+  std::vector<int> order;
+  std::mutex mu;
+  auto waiter = [&](int id) {
+    auto l = svc->acquire(r, fair);
+    ASSERT_TRUE(l);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      order.push_back(id);
+    }
+    std::this_thread::sleep_for(20ms);
+    l->release();
+  };
+  std::thread b(waiter, 1);
+  std::this_thread::sleep_for(150ms);
+  std::thread c(waiter, 2);
+  std::this_thread::sleep_for(150ms);
+  ASSERT_TRUE(a->release());
+  // The releaser comes straight back: it must queue behind B and C.
+  auto again = svc->acquire(r, fair);
+  ASSERT_TRUE(again);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    order.push_back(0);
+  }
+  again->release();
+  b.join();
+  c.join();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 0}));
+}
+
+TEST_F(LockTest, RejectsBadArgumentsWithOneLineErrors) {
+  EXPECT_THROW(svc->acquire(""), Error);
+  EXPECT_THROW(svc->acquire("a b"), Error);
+  EXPECT_THROW(svc->acquire("x", LockOptions{.ttl = 1ms}), Error);
+}
+
+TEST_F(LockTest, RedisDownIsAnErrorNotBusy) {
+  server->kill();
+  try {
+    svc->acquire(resource("down"), LockOptions{.wait = 0ms});
+    FAIL() << "acquire succeeded with Redis down";
+  } catch (const Error& e) {
+    EXPECT_EQ(next_step_for(e.code()), next_step::retry_call) << e.what();
+  }
+}
