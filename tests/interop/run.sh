@@ -71,7 +71,7 @@ for bad in overlap stolen; do
 done
 
 # 2. The real run.
-embedded_redis_start
+embedded_redis_start ""
 url="$EMBEDDED_REDIS_URL"
 log="$work/critical-sections.log"
 : > "$log"
@@ -92,6 +92,7 @@ jobguard_loop() {
   local loop="$1" i rc
   for (( i = 1; i <= iterations; i++ )); do
     rc=0
+    # shellcheck disable=SC2016  # expanded by the inner sh, inside the lock
     "$bin" --redis "$url" run --key "$resource" --ttl 5s --wait 10s -- sh -c '
       echo "enter jg-$0.$$ $(date +%s%N) key=$JOBGUARD_KEY" >> "$1"
       v="$(redis-cli -u "$2" --no-auth-warning GET "$JOBGUARD_KEY")"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by bench/peers/run.sh and tests/interop/run.sh: a private
 # redis-server as our own foreground child, on a free loopback port, in a temp
 # dir; killed and its dir removed on exit. (`--daemonize yes` leaves zombies
@@ -8,6 +9,7 @@
 
 EMBEDDED_REDIS_PID=""
 EMBEDDED_REDIS_DIR=""
+# shellcheck disable=SC2034  # read by the scripts that source this file
 EMBEDDED_REDIS_URL=""
 
 embedded_redis_stop() {
@@ -30,21 +32,22 @@ embedded_redis_start() {
   local cpu="${1:-}"
   command -v redis-server >/dev/null || { echo "redis-server not found on PATH (Debian: apt-get install redis-server)" >&2; return 69; }
   EMBEDDED_REDIS_DIR="$(mktemp -d -t jobguard-peers-redis.XXXXXX)"
-  local attempt port pid
-  local -a pin=()
-  [[ -n "$cpu" ]] && pin=(taskset -c "$cpu")
+  local port pid
+  local -a pin_cmd=()
+  [[ -n "$cpu" ]] && pin_cmd=(taskset -c "$cpu")
   # The port can be taken between picking and binding (other tests pick too):
   # try a few ports, and accept only a server that reports *our* child's pid.
-  for attempt in 1 2 3 4 5; do
+  for _ in 1 2 3 4 5; do
     port="$(_embedded_redis_free_port)"
-    "${pin[@]}" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    "${pin_cmd[@]}" redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
       --dir "$EMBEDDED_REDIS_DIR" --logfile "$EMBEDDED_REDIS_DIR/redis.log" &
     pid=$!
-    local i
-    for i in $(seq 1 100); do
+    local _try
+    for _try in $(seq 1 100); do
       if ! kill -0 "$pid" 2>/dev/null; then break; fi
       if [[ "$(redis-cli -h 127.0.0.1 -p "$port" --no-auth-warning INFO server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" == "$pid" ]]; then
         EMBEDDED_REDIS_PID="$pid"
+        # shellcheck disable=SC2034
         EMBEDDED_REDIS_URL="redis://127.0.0.1:$port/0"
         return 0
       fi
