@@ -16,6 +16,11 @@ using namespace jobguard;
 using namespace jobguard::guard;
 using jobguard::test::PostgresTest;
 
+// libpqxx 6.4 leaks the PGresult of a statement that finds its connection
+// broken (connection_base::exec_params throws before wrapping it); seen in
+// ServerGoneMidSessionIsPostgresUnavailable under LeakSanitizer. Not ours to fix.
+extern "C" const char* __lsan_default_suppressions() { return "leak:pqxx::connection_base::exec_params\n"; }
+
 class PgGuard : public PostgresTest {};
 
 TEST_F(PgGuard, MigrateIsIdempotentAndReportsNothingTheSecondTime) {
