@@ -23,6 +23,9 @@ namespace jobguard {
 namespace redis {
 class Subscriber;
 }
+namespace observe {
+struct LockClassMetrics;
+}
 
 // Builds the Redis keys of a lock from the business object it guards
 // ("invoice:48291", "tenant:alpha:sync"). Every key of one resource carries
@@ -110,6 +113,9 @@ class Lock {
   std::chrono::steady_clock::time_point acquired_at() const noexcept { return acquired_at_; }
   bool held() const noexcept { return held_; }
 
+  // Per-class metrics this lock reports to (never null for a granted lock).
+  observe::LockClassMetrics& metrics() const noexcept { return *metrics_; }
+
   // Compare-and-delete. True if the lock was still ours; false if it had
   // expired or been taken by someone else (nothing is deleted then).
   bool release();
@@ -125,6 +131,7 @@ class Lock {
   std::shared_ptr<LockService> service_;
   std::string resource_, key_, token_, lock_class_;
   std::optional<std::int64_t> fence_;
+  observe::LockClassMetrics* metrics_ = nullptr;  // owned by the global registry
   std::chrono::milliseconds ttl_{0};
   std::chrono::steady_clock::time_point acquired_at_{};
   bool held_ = false;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "jobguard/error.hpp"
+#include "jobguard/observe/metrics.hpp"
 #include "lock/lease_timeline.hpp"
 
 namespace jobguard {
@@ -112,6 +113,8 @@ struct LeaseScheduler::Impl {
       s->on_lost = nullptr;
     }
     s->state.store(st);
+    s->lock.metrics().leases_lost_total.inc();
+    s->lock.metrics().hold_seconds.observe(Clock::now() - s->lock.acquired_at());
     lost.fetch_add(1);
     active.fetch_sub(1);
     s->stop.request_stop();
@@ -156,12 +159,17 @@ struct LeaseScheduler::Impl {
     self->service().async_extend(
         s->lock.resource(), s->lock.token(), s->lock.ttl(), [this, self, s](std::error_code ec, bool ours) {
           const auto t = Clock::now();
+          auto& m = s->lock.metrics();
           if (ec) {
+            m.renewal_failures_total.inc();
+            m.redis_errors_total.inc();
             failures.fetch_add(1, std::memory_order_relaxed);
             s->tl.renewal_failed(t, ec.message());
           } else if (!ours) {
+            m.renewal_failures_total.inc();
             s->tl.renewal_token_gone();
           } else {
+            m.renewals_total.inc();
             s->renewals.fetch_add(1, std::memory_order_relaxed);
             s->tl.renewal_succeeded(t, jitter(s->opts.jitter));
           }

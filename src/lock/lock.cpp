@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "jobguard/error.hpp"
+#include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/subscriber.hpp"
 
 namespace jobguard {
@@ -92,7 +93,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     const auto& k = svc_->keys();
     key_ = k.lock_key(resource_);
     token_ = make_token(opts_.job_id);
-    deadline_ = Clock::now() + opts_.wait;
+    started_ = Clock::now();
+    deadline_ = started_ + opts_.wait;
+    metrics_ = &observe::Registry::global().lock_class(opts_.lock_class);
     if (opts_.fence || opts_.fair) {
       script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
     }
@@ -153,6 +156,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   }
 
   void busy() {
+    metrics_->busy_total.inc();
     const auto now = Clock::now();
     if (now >= deadline_) return give_up();
     if (sub_id_ == 0) {
@@ -210,10 +214,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     auto done = std::move(done_);
     if (ec) {
       (void)detail;
+      metrics_->redis_errors_total.inc();
       return done(ec, std::nullopt);
     }
+    metrics_->wait_seconds.observe(Clock::now() - started_);
     if (!granted) return done({}, std::nullopt);
-    done({}, svc_->make_lock(resource_, key_, token_, fence, opts_, sent_at_));
+    metrics_->acquisitions_total.inc();
+    auto lock = svc_->make_lock(resource_, key_, token_, fence, opts_, sent_at_);
+    done({}, std::move(lock));
   }
 
   std::shared_ptr<LockService> svc_;
@@ -225,7 +233,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   std::mt19937_64 rng_;
   std::string key_, token_;
   std::vector<std::string> script_keys_;
-  Clock::time_point deadline_, sent_at_;
+  Clock::time_point started_, deadline_, sent_at_;
+  observe::LockClassMetrics* metrics_ = nullptr;
   redis::Subscriber::Id sub_id_ = 0;
   int tries_ = 0;
   bool in_flight_ = false, wake_pending_ = false, finished_ = false, registered_ = false;
@@ -255,6 +264,7 @@ Lock LockService::make_lock(const std::string& resource, const std::string& key,
   l.key_ = key;
   l.token_ = token;
   l.lock_class_ = opts.lock_class;
+  l.metrics_ = &observe::Registry::global().lock_class(opts.lock_class);
   l.fence_ = fence;
   l.ttl_ = opts.ttl;
   // The TTL started when the server ran SET, which is after we sent it: the
@@ -313,6 +323,7 @@ Lock::Lock(Lock&& o) noexcept
       token_(std::move(o.token_)),
       lock_class_(std::move(o.lock_class_)),
       fence_(o.fence_),
+      metrics_(o.metrics_),
       ttl_(o.ttl_),
       acquired_at_(o.acquired_at_),
       held_(o.held_) {
@@ -328,6 +339,7 @@ Lock& Lock::operator=(Lock&& o) noexcept {
     token_ = std::move(o.token_);
     lock_class_ = std::move(o.lock_class_);
     fence_ = o.fence_;
+    metrics_ = o.metrics_;
     ttl_ = o.ttl_;
     acquired_at_ = o.acquired_at_;
     held_ = o.held_;
@@ -339,7 +351,13 @@ Lock& Lock::operator=(Lock&& o) noexcept {
 Lock::~Lock() {
   // Scope exit is release; fire and forget so a destructor never blocks. If
   // it cannot reach Redis the TTL frees the lock.
-  if (held_ && service_) service_->async_release(resource_, token_, nullptr);
+  if (held_ && service_) {
+    metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
+    service_->async_release(resource_, token_, [m = metrics_](std::error_code ec, bool ours) {
+      if (ec) m->redis_errors_total.inc();
+      else (ours ? m->releases_total : m->released_not_owner_total).inc();
+    });
+  }
 }
 
 bool Lock::release() {
@@ -347,9 +365,15 @@ bool Lock::release() {
   held_ = false;
   std::promise<bool> p;
   auto f = p.get_future();
-  service_->async_release(resource_, token_, [&p](std::error_code ec, bool ours) {
-    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, "release")));
-    else p.set_value(ours);
+  metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
+  service_->async_release(resource_, token_, [&p, m = metrics_](std::error_code ec, bool ours) {
+    if (ec) {
+      m->redis_errors_total.inc();
+      p.set_exception(std::make_exception_ptr(Error(ec, "release")));
+      return;
+    }
+    (ours ? m->releases_total : m->released_not_owner_total).inc();
+    p.set_value(ours);
   });
   return f.get();
 }

@@ -543,31 +543,28 @@ void Client::async_exec(Command cmd, Completion done, CallOptions opts) {
   impl_->submit(cmd.payload(), std::move(done), opts);
 }
 
+namespace {
+Command make_eval(bool by_sha, const Script& script, const std::vector<std::string>& keys,
+                  const std::vector<std::string>& args) {
+  std::vector<std::string_view> argv;
+  argv.reserve(3 + keys.size() + args.size());
+  argv.push_back(by_sha ? "EVALSHA" : "EVAL");
+  argv.push_back(by_sha ? std::string_view(script.sha1()) : std::string_view(script.source()));
+  const std::string nkeys = std::to_string(keys.size());
+  argv.push_back(nkeys);
+  for (auto& k : keys) argv.push_back(k);
+  for (auto& a : args) argv.push_back(a);
+  return Command(argv);
+}
+}  // namespace
+
 void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
                         Completion done, CallOptions opts) {
-  auto build = [&](bool by_sha) {
-    std::vector<std::string_view> argv;
-    argv.reserve(3 + keys.size() + args.size());
-    argv.push_back(by_sha ? "EVALSHA" : "EVAL");
-    argv.push_back(by_sha ? std::string_view(script.sha1()) : std::string_view(script.source()));
-    const std::string nkeys = std::to_string(keys.size());
-    argv.push_back(nkeys);
-    for (auto& k : keys) argv.push_back(k);
-    for (auto& a : args) argv.push_back(a);
-    return Command(argv);
-  };
-  Command by_sha = build(true);
-  // Built lazily: the full source is only needed after a NOSCRIPT.
-  auto fallback = [this, script, keys = std::move(keys), args = std::move(args), opts]() {
-    std::vector<std::string_view> argv;
-    argv.reserve(3 + keys.size() + args.size());
-    argv.push_back("EVAL");
-    argv.push_back(script.source());
-    const std::string nkeys = std::to_string(keys.size());
-    argv.push_back(nkeys);
-    for (auto& k : keys) argv.push_back(k);
-    for (auto& a : args) argv.push_back(a);
-    return Command(argv);
+  Command by_sha = make_eval(true, script, keys, args);
+  // Built lazily: the full source is only needed after a NOSCRIPT. The script
+  // is referenced, not copied: scripts are long-lived (see the header).
+  auto fallback = [sp = &script, keys = std::move(keys), args = std::move(args)]() {
+    return make_eval(false, *sp, keys, args);
   };
   impl_->submit(
       by_sha.payload(),

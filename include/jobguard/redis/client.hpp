@@ -71,7 +71,8 @@ class Client {
 
   // --- asynchronous interface (the one the lock layer uses) -----------------
   void async_exec(Command cmd, Completion done, CallOptions opts = {});
-  // EVALSHA with transparent NOSCRIPT fallback to EVAL.
+  // EVALSHA with transparent NOSCRIPT fallback to EVAL. `script` must stay
+  // alive until `done` runs (scripts are long-lived values: keep them static).
   void async_eval(const Script& script, std::vector<std::string> keys,
                   std::vector<std::string> args, Completion done, CallOptions opts = {});
 
