@@ -371,8 +371,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
           up ? fmt::format("no reply from {} before the deadline", self->where_)
              : fmt::format("no connection to {} before the deadline{}", self->where_,
                            self->last_error_.empty() ? "" : " (last error: " + self->last_error_ + ")");
-      const auto n = self->mux_.expire(Clock::now(), code, detail);
-      self->stats_->timeouts.fetch_add(n, std::memory_order_relaxed);
+      // Counted per call in Client::Impl::submit, before its completion runs,
+      // so a caller that saw its timeout also sees it in stats().
+      self->mux_.expire(Clock::now(), code, detail);
       if (self->mux_.pending() > 0) self->arm_sweep();
     });
   }
@@ -472,6 +473,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       if (!ec && reply.is_error()) ec = detail::classify_error_reply(reply);
       st->commands.fetch_add(1, std::memory_order_relaxed);
       if (ec) st->errors.fetch_add(1, std::memory_order_relaxed);
+      if (ec == errc::timeout) st->timeouts.fetch_add(1, std::memory_order_relaxed);
       done(ec, std::move(reply));
     };
     if (closed.load()) {

@@ -32,11 +32,14 @@ class RedisFaults : public jobguard::test::RedisTest {
     return fs;
   }
 
-  // A stalled server: calls time out near their deadline, the late replies
+  // A stalled server: calls time out at their deadline, the late replies
   // are discarded, and the same connection then serves fresh calls with
-  // their own replies.
-  void expect_deadlines_then_recovery(Client& c, const std::function<void()>& stall, Ms stall_for) {
-    const Ms deadline(300);
+  // their own replies. The stall is long against the deadline so that a
+  // loaded machine (sanitizers, parallel tests) cannot blur the two: a call
+  // answered after the stall would succeed, so errc::timeout proves the
+  // deadline fired while the server was stalled.
+  void expect_deadlines_then_recovery(Client& c, const std::function<void()>& stall) {
+    const Ms deadline(250);
     stall();
     const auto t0 = SteadyClock::now();
     auto late = echoes(c, "late-", 50, deadline);
@@ -45,9 +48,7 @@ class RedisFaults : public jobguard::test::RedisTest {
       EXPECT_EQ(e.code(), errc::timeout) << e.what();
       EXPECT_NE(std::string(e.what()).find(c.address()), std::string::npos) << e.what();
     }
-    const Ms waited = since(t0);
-    EXPECT_GE(waited, deadline) << "a call failed before its deadline";
-    EXPECT_LT(waited, stall_for) << "the deadline was not enforced while the server stalled";
+    EXPECT_GE(since(t0), deadline) << "a call failed before its deadline";
     EXPECT_GE(c.stats().timeouts, 50u);
 
     // Issued while the server is still stalled; answered after it wakes up,
@@ -91,9 +92,9 @@ TEST_F(RedisFaults, ServerKilledMidPipelineFailsEveryPendingCallPromptlyThenClie
 
   const auto t_kill = SteadyClock::now();
   server->kill();
-  ASSERT_TRUE(eventually([&] { return done.load() == kCalls; }, Ms(5000)))
+  ASSERT_TRUE(eventually([&] { return done.load() == kCalls; }, Ms(10000)))
       << done.load() << " of " << kCalls << " calls completed after the kill";
-  EXPECT_LT(since(t_kill), Ms(5000));
+  EXPECT_LT(since(t_kill), Ms(10000)) << "well under the 20 s deadline";
   {
     std::lock_guard lock(mu);
     EXPECT_TRUE(unexpected.empty()) << unexpected.size() << " calls failed otherwise, e.g. " << unexpected.front();
@@ -148,7 +149,7 @@ TEST_F(RedisFaults, CallsWhileTheServerIsDownWaitForTheirDeadlineOrForTheServer)
 TEST_F(RedisFaults, ClientPauseFailsCallsAtTheirDeadlineAndTheConnectionKeepsWorking) {
   auto c = make_client();
   expect_deadlines_then_recovery(
-      *c, [&] { ASSERT_EQ(admin("CLIENT PAUSE 1500 ALL"), "OK"); }, Ms(1500));
+      *c, [&] { ASSERT_EQ(admin("CLIENT PAUSE 2500 ALL"), "OK"); });
 }
 
 TEST_F(RedisFaults, DebugSleepFailsCallsAtTheirDeadlineAndTheConnectionKeepsWorking) {
@@ -161,9 +162,8 @@ TEST_F(RedisFaults, DebugSleepFailsCallsAtTheirDeadlineAndTheConnectionKeepsWork
         CallOptions co;
         co.timeout = Ms(10000);
         // Sent on the same connection: everything behind it waits.
-        sleeping = c->exec_future(Command{"DEBUG", "SLEEP", "1.5"}, co);
-      },
-      Ms(1500));
+        sleeping = c->exec_future(Command{"DEBUG", "SLEEP", "2.5"}, co);
+      });
   EXPECT_TRUE(sleeping.get().is_ok());
 }
 
@@ -176,9 +176,8 @@ TEST_F(RedisFaults, SigstoppedServerTimesOutEveryCallAndRecoversOnSigcont) {
         server->pause();
         // Resumed by a helper thread while the fresh calls are waiting.
         resumer = std::jthread([s = server.get()] {
-          std::this_thread::sleep_for(Ms(1500));
+          std::this_thread::sleep_for(Ms(2500));
           s->resume();
         });
-      },
-      Ms(1500));
+      });
 }
