@@ -1,0 +1,100 @@
+// A job source on a Redis Stream with a consumer group: at-least-once
+// delivery. A job read by a consumer stays in the group's pending list until
+// it is acknowledged; a consumer that dies leaves it there, and after
+// `claim_idle` another consumer takes it over with XAUTOCLAIM. A job that has
+// failed (or stalled) `max_attempts` times goes to a dead-letter stream with
+// the last error attached, so one poison job cannot loop forever.
+//
+// Threads: every member is safe to call from any thread except the client's
+// event-loop thread (the calls block). The Client must outlive the source.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace jobguard::redis {
+class Client;
+}
+
+namespace jobguard::job {
+
+struct StreamOptions {
+  // The stream key; required.
+  std::string stream;
+  // The consumer group. Default "jobguard".
+  std::string group = "jobguard";
+  // Where dead jobs go. Default empty = "<stream>:dead".
+  std::string dead_letter;
+  // How long next() waits for a new job (XREADGROUP BLOCK). Default 200 ms;
+  // must be in [1 ms, 1 s]: a short block keeps shutdown and reclaiming prompt.
+  std::chrono::milliseconds block{200};
+  // A pending job idle this long is taken over from its consumer. Default 30 s;
+  // must be > 0. Keep it above the longest time a healthy consumer holds a job.
+  std::chrono::milliseconds claim_idle{30000};
+  // Deliveries after which a failed or stalled job is dead-lettered. Default 5; must be >= 1.
+  int max_attempts = 5;
+  // Deadline of the non-blocking calls. Default 2 s; must be > 0. Blocking
+  // reads get `block` + this.
+  std::chrono::milliseconds call_timeout{2000};
+};
+
+struct StreamJob {
+  std::string id;                                          // the stream entry id
+  std::vector<std::pair<std::string, std::string>> fields;  // as added
+  bool reclaimed = false;         // taken over from a stalled consumer
+  std::int64_t deliveries = 1;    // known for reclaimed and failed jobs; 1 otherwise
+  // The value of field `name`, or empty.
+  std::string field(std::string_view name) const;
+};
+
+class StreamSource {
+ public:
+  // Throws Error(invalid_argument) naming the bad option.
+  StreamSource(redis::Client& client, StreamOptions options);
+
+  const StreamOptions& options() const noexcept { return opts_; }
+  const std::string& dead_letter_stream() const noexcept { return opts_.dead_letter; }
+
+  // XGROUP CREATE <stream> <group> 0 MKSTREAM; an existing group is fine.
+  // Starting at 0 delivers jobs added before the group existed (a producer
+  // re-filling a stream after Redis lost it).
+  void ensure_group();
+  // XADD <stream> * fields...; returns the new id.
+  std::string add(const std::vector<std::pair<std::string, std::string>>& fields);
+
+  // The next job for `consumer`: a stalled job first (XAUTOCLAIM, when the
+  // last reclaim scan is older than claim_idle / 4), else a new one
+  // (XREADGROUP ... BLOCK). nullopt when nothing came within `block`.
+  // Stalled jobs past max_attempts are dead-lettered here, not returned.
+  std::optional<StreamJob> next(std::string_view consumer);
+  // One XAUTOCLAIM scan now, regardless of when the last one ran.
+  std::optional<StreamJob> reclaim(std::string_view consumer);
+  // XACK; true when the job was still pending (false: already acknowledged or
+  // unknown, e.g. the stream was lost).
+  bool ack(std::string_view id);
+  // Reports a failed attempt. Below max_attempts the job stays pending and is
+  // retried after claim_idle; at max_attempts it is moved to the dead-letter
+  // stream with `error`, its fields, and the delivery count. True if dead-lettered.
+  bool fail(const StreamJob& job, std::string_view error);
+
+  // Deliveries of a pending job (XPENDING); 0 when it is not pending.
+  std::int64_t deliveries(std::string_view id);
+  std::int64_t pending_count();
+  std::int64_t length(const std::string& stream);
+
+ private:
+  void dead_letter(const StreamJob& job, std::string_view error, std::int64_t deliveries);
+  redis::Client& client_;
+  StreamOptions opts_;
+  std::mutex mu_;
+  std::string cursor_ = "0-0";
+  std::chrono::steady_clock::time_point last_scan_{};
+};
+
+}  // namespace jobguard::job
