@@ -7,5 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/scripts/deps.sh"
 cmake -S "$root" -B "$root/build" -G Ninja -DJOBGUARD_WERROR=ON >/dev/null
 ninja -C "$root/build" jobguard_cli >/dev/null
-# Until the billing demo lands: a smoke run of the CLI against an embedded Redis.
-exec "$root/build/apps/jobguard/jobguard" bench --embedded --seconds 1 "$@"
+# The billing demo (BRIEF §3) on an embedded redis-server the demo starts itself.
+exec "$root/build/apps/jobguard/jobguard" demo "$@"

@@ -1,0 +1,136 @@
+// StreamSource against a real redis-server: a job a consumer took and never
+// acknowledged is reclaimed by another; a job that keeps failing ends in the
+// dead-letter stream with its last error.
+#include "jobguard/job/stream_source.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "jobguard/redis/client.hpp"
+#include "jobguard/error.hpp"
+#include "support/redis_fixture.hpp"
+
+using namespace std::chrono_literals;
+using jobguard::job::StreamOptions;
+using jobguard::job::StreamSource;
+using jobguard::redis::Command;
+
+namespace {
+
+class StreamSourceTest : public jobguard::test::RedisTest {
+ protected:
+  StreamOptions opts(std::chrono::milliseconds idle, int attempts) {
+    StreamOptions o;
+    o.stream = key("jobs");
+    o.group = "workers";
+    o.block = 50ms;
+    o.claim_idle = idle;
+    o.max_attempts = attempts;
+    return o;
+  }
+};
+
+TEST_F(StreamSourceTest, StalledJobIsReclaimedAfterItsConsumerDiesWithoutAck) {
+  auto c = make_client();
+  StreamSource src(*c, opts(150ms, 5));
+  src.ensure_group();
+  src.ensure_group();  // an existing group is fine
+  src.add({{"chunk", "7"}});
+
+  auto first = src.next("dead-worker");
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->field("chunk"), "7");
+  EXPECT_FALSE(first->reclaimed);
+  // dead-worker "dies": no ack. Before claim_idle nobody else gets the job.
+  EXPECT_FALSE(src.reclaim("live-worker"));
+  EXPECT_FALSE(src.next("live-worker"));
+
+  std::this_thread::sleep_for(250ms);
+  auto again = src.reclaim("live-worker");
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->reclaimed);
+  EXPECT_EQ(again->id, first->id);
+  EXPECT_EQ(again->field("chunk"), "7");
+  EXPECT_EQ(again->deliveries, 2);
+  EXPECT_TRUE(src.ack(again->id));
+  EXPECT_FALSE(src.ack(again->id));
+  EXPECT_EQ(src.pending_count(), 0);
+}
+
+TEST_F(StreamSourceTest, NextReclaimsAStalledJobBeforeReadingNewOnes) {
+  auto c = make_client();
+  StreamSource src(*c, opts(100ms, 5));
+  src.ensure_group();
+  src.add({{"n", "1"}});
+  ASSERT_TRUE(src.next("a"));
+  std::this_thread::sleep_for(200ms);
+  src.add({{"n", "2"}});
+  auto j = src.next("b");
+  ASSERT_TRUE(j);
+  EXPECT_TRUE(j->reclaimed);
+  EXPECT_EQ(j->field("n"), "1");
+}
+
+TEST_F(StreamSourceTest, JobGoesToDeadLetterAfterMaxAttemptsWithTheLastError) {
+  auto c = make_client();
+  StreamSource src(*c, opts(50ms, 3));
+  src.ensure_group();
+  const auto id = src.add({{"chunk", "9"}});
+
+  auto j = src.next("w");
+  ASSERT_TRUE(j);
+  EXPECT_FALSE(src.fail(*j, "card declined (attempt 1)"));
+  for (int attempt = 2; attempt <= 3; ++attempt) {
+    std::this_thread::sleep_for(100ms);
+    j = src.reclaim("w");
+    ASSERT_TRUE(j) << "attempt " << attempt;
+    EXPECT_EQ(j->deliveries, attempt);
+    bool dead = src.fail(*j, "card declined (attempt " + std::to_string(attempt) + ")");
+    EXPECT_EQ(dead, attempt == 3);
+  }
+  EXPECT_EQ(src.pending_count(), 0);
+  EXPECT_EQ(src.length(src.dead_letter_stream()), 1);
+  auto r = c->exec(Command{"XRANGE", src.dead_letter_stream(), "-", "+"});
+  ASSERT_EQ(r.elements.size(), 1u);
+  const auto& f = r.elements[0].elements[1].elements;
+  std::map<std::string, std::string> m;
+  for (std::size_t i = 0; i + 1 < f.size(); i += 2) m[f[i].str] = f[i + 1].str;
+  EXPECT_EQ(m["source_id"], id);
+  EXPECT_EQ(m["attempts"], "3");
+  EXPECT_EQ(m["last_error"], "card declined (attempt 3)");
+  EXPECT_EQ(m["chunk"], "9");
+}
+
+TEST_F(StreamSourceTest, JobThatKeepsStallingItsConsumersIsDeadLettered) {
+  auto c = make_client();
+  StreamSource src(*c, opts(50ms, 2));
+  src.ensure_group();
+  src.add({{"chunk", "3"}});
+  ASSERT_TRUE(src.next("w1"));
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(src.reclaim("w2"));  // delivery 2, stalls again
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(src.reclaim("w3"));  // delivery 3 > max: dead-lettered instead
+  EXPECT_EQ(src.pending_count(), 0);
+  EXPECT_EQ(src.length(src.dead_letter_stream()), 1);
+}
+
+TEST_F(StreamSourceTest, BadOptionsAreRejectedWithTheirName) {
+  auto c = make_client();
+  auto o = opts(100ms, 3);
+  o.block = 2s;
+  try {
+    StreamSource s(*c, o);
+    FAIL() << "accepted block of 2s";
+  } catch (const jobguard::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block"), std::string::npos) << e.what();
+  }
+  o = opts(100ms, 0);
+  EXPECT_THROW(StreamSource(*c, o), jobguard::Error);
+}
+
+}  // namespace
