@@ -48,6 +48,11 @@ int exit_status_for(const jobguard::Error& e);
 #define JOBGUARD_COMMAND(fn) \
   static const bool JOBGUARD_CAT(jobguard_registered_, __LINE__) = ::jobguard::cli::register_command(fn)
 
+// The command line exactly as main() received it (argv[1..]), for a
+// subcommand that must pass arguments on verbatim (`run -- CMD...`): CLI11
+// rewrites a positional like "[a,b]" as a list.
+const std::vector<std::string>& raw_args();
+
 // CLI11 validator for durations ("250ms", "30s"): the error names the option.
 CLI::Validator duration_validator();
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -441,6 +442,15 @@ class Runner {
   steady_clock::time_point acquired_at_{};
 };
 
+// Everything after the first "--" that follows the `run` word.
+std::optional<std::vector<std::string>> cmd_from_raw_args(const std::vector<std::string>& argv) {
+  auto run = std::find(argv.begin(), argv.end(), "run");
+  if (run == argv.end()) return std::nullopt;
+  auto dashes = std::find(run, argv.end(), "--");
+  if (dashes == argv.end()) return std::nullopt;
+  return std::vector<std::string>(dashes + 1, argv.end());
+}
+
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto args = std::make_shared<RunArgs>();
   auto* sub = root.add_subcommand("run", "Run CMD while holding a Redis lock (a distributed flock)");
@@ -456,12 +466,15 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_flag("--fair", args->fair, "FIFO handoff among waiters (every contender must use --fair)");
   sub->add_option("--once", args->once, "Skip CMD if RUN_ID is recorded as done; record it when CMD exits 0");
   sub->add_option("--job-id", args->job_id, "Job id for the owner token and the logs");
+  // CLI11 checks that CMD is there; its words are taken verbatim from the
+  // command line (cmd_from_raw_args) because CLI11 rewrites "[a,b]" as a list.
   sub->add_option("CMD", args->cmd, "The command and its arguments, after --")->required();
   CLI::Option* log_format = root.get_option_no_throw("--log-format");
   out.emplace_back(sub, [&g, args, log_format] {
     const bool verbose = log_format && log_format->count() > 0;
     const auto format = observe::parse_log_format(g.log_format);
     Reporter rep(format, verbose);
+    if (auto verbatim = cmd_from_raw_args(raw_args())) args->cmd = std::move(*verbatim);
     try {
       Runner runner(g, *args, rep);
       return runner.run();

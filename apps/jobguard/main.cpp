@@ -23,6 +23,12 @@ bool register_command(Registrar r) {
 
 const std::vector<Registrar>& registrars() { return registry(); }
 
+std::vector<std::string>& raw_args_storage() {
+  static std::vector<std::string> a;
+  return a;
+}
+const std::vector<std::string>& raw_args() { return raw_args_storage(); }
+
 CLI::Validator duration_validator() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
@@ -51,6 +57,7 @@ int exit_status_for(const jobguard::Error& e) {
 
 int main(int argc, char** argv) {
   using namespace jobguard::cli;
+  raw_args_storage().assign(argv + (argc > 0 ? 1 : 0), argv + argc);
   CLI::App app{"jobguard: guard the side effects of background jobs with Redis and PostgreSQL"};
   app.require_subcommand(1);
   app.footer(
