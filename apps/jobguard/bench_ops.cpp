@@ -11,6 +11,8 @@
 #include <future>
 
 #include "jobguard/error.hpp"
+#include "jobguard/lock.hpp"
+#include <boost/asio/as_tuple.hpp>
 #include "jobguard/redis/script.hpp"
 
 namespace asio = boost::asio;
@@ -19,12 +21,30 @@ using Clock = std::chrono::steady_clock;
 namespace jobguard::cli::bench {
 namespace {
 
-// The compare-and-delete every token-checking lock uses; the raw pair sends
-// it by hand so the lock's overhead is all that differs between the phases.
-const redis::Script& release_script() {
-  static const redis::Script s(
-      "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0");
-  return s;
+// The raw pair sends the lock's own release script by hand, so the library's
+// overhead is all that differs between the raw_pair and lock phases.
+const redis::Script& release_script() { return lock_release_script(); }
+
+// Awaitable acquire on top of the callback API.
+template <class Token>
+auto async_acquire(LockService& svc, std::string resource, LockOptions opts, Token&& token) {
+  return asio::async_initiate<Token, void(std::error_code, std::optional<Lock>)>(
+      [&svc](auto handler, std::string r, LockOptions o) {
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        svc.async_acquire(std::move(r), std::move(o),
+                          [h](std::error_code ec, std::optional<Lock> l) { (*h)(ec, std::move(l)); });
+      },
+      token, std::move(resource), std::move(opts));
+}
+
+template <class Token>
+auto async_release(LockService& svc, const Lock& l, Token&& token) {
+  return asio::async_initiate<Token, void(std::error_code, bool)>(
+      [&svc, &l](auto handler) {
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        svc.async_release(l.resource(), l.token(), [h](std::error_code ec, bool ours) { (*h)(ec, ours); });
+      },
+      token);
 }
 
 struct WorkerResult {
@@ -34,7 +54,7 @@ struct WorkerResult {
 
 }  // namespace
 
-bool lock_ops_available() { return false; }
+bool lock_ops_available() { return true; }
 
 Runner::Runner(const redis::ConnectionOptions& opts, Config cfg) : cfg_(cfg) {
   client_ = std::make_unique<redis::Client>(ctx_, opts);
@@ -42,6 +62,7 @@ Runner::Runner(const redis::ConnectionOptions& opts, Config cfg) : cfg_(cfg) {
     auto guard = asio::make_work_guard(ctx_);
     ctx_.run();
   });
+  locks_ = LockService::create(*client_);
   connected_ = client_->wait_connected(std::chrono::milliseconds(opts.connect_timeout) * 2);
   if (connected_) {
     // Load the release script so EVALSHA never takes the NOSCRIPT detour mid-run.
@@ -53,6 +74,7 @@ Runner::~Runner() {
   // The client must close on its loop before the loop stops.
   std::promise<void> closed;
   asio::post(ctx_, [this, &closed] {
+    locks_.reset();
     client_.reset();
     closed.set_value();
   });
@@ -78,13 +100,28 @@ Phase Runner::run_coro(Op op) {
       r.lat.reserve(1 << 16);
       const std::string token = fmt::format("bench-{}-{}", gen, w);
       for (std::uint64_t i = 0; Clock::now() < stop_at; ++i) {
-        const std::string key = fmt::format("jobguard:lock:{{bench:{}:{}:{}}}", gen, w, i);
+        const std::string resource = fmt::format("bench:{}:{}:{}", gen, w, i);
         const auto t0 = Clock::now();
+        if (op == Op::lock_pair) {
+          LockOptions lo;
+          lo.ttl = std::chrono::milliseconds(30000);
+          auto [ec, lock] = co_await async_acquire(*locks_, resource, lo, asio::as_tuple(asio::use_awaitable));
+          bool ok = !ec && lock.has_value();
+          if (ok) {
+            auto [rec, ours] = co_await async_release(*locks_, *lock, asio::as_tuple(asio::use_awaitable));
+            lock->detach();
+            ok = !rec && ours;
+          }
+          ++(ok ? r.ops : r.errors);
+          r.lat.push_back(std::chrono::duration<float, std::micro>(Clock::now() - t0).count());
+          continue;
+        }
+        const std::string key = keys_.lock_key(resource);
         try {
           redis::Command set{"SET", key, token, "NX", "PX", "30000"};
           co_await redis::async_exec(client, std::move(set), asio::use_awaitable);
           if (op == Op::raw_pair) {
-            redis::Command del{"EVALSHA", release_script().sha1(), "1", key, token};
+            redis::Command del{"EVALSHA", release_script().sha1(), "1", key, token, channel_for(resource)};
             co_await redis::async_exec(client, std::move(del), asio::use_awaitable);
           }
           ++r.ops;
@@ -123,13 +160,22 @@ Phase Runner::run_threads(Op op) {
       WorkerResult& r = results[static_cast<std::size_t>(w)];
       const std::string token = fmt::format("bench-{}-{}", gen, w);
       for (std::uint64_t i = 0; Clock::now() < stop_at; ++i) {
-        const std::string key = fmt::format("jobguard:lock:{{bench:{}:{}:{}}}", gen, w, i);
+        const std::string resource = fmt::format("bench:{}:{}:{}", gen, w, i);
+        const std::string key = keys_.lock_key(resource);
         const auto t0 = Clock::now();
         try {
-          client_->exec(redis::Command{"SET", key, token, "NX", "PX", "30000"});
-          if (op == Op::raw_pair)
-            client_->exec(redis::Command{"EVALSHA", release_script().sha1(), "1", key, token});
-          ++r.ops;
+          if (op == Op::lock_pair) {
+            LockOptions lo;
+            lo.ttl = std::chrono::milliseconds(30000);
+            auto l = locks_->acquire(resource, lo);
+            if (l && l->release()) ++r.ops;
+            else ++r.errors;
+          } else {
+            client_->exec(redis::Command{"SET", key, token, "NX", "PX", "30000"});
+            if (op == Op::raw_pair)
+              client_->exec(redis::Command{"EVALSHA", release_script().sha1(), "1", key, token, channel_for(resource)});
+            ++r.ops;
+          }
         } catch (const Error&) {
           ++r.errors;
         }

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::cli::bench {
@@ -49,6 +50,9 @@ class Runner {
   Config cfg_;
   boost::asio::io_context ctx_{1};
   std::unique_ptr<redis::Client> client_;
+  std::shared_ptr<LockService> locks_;
+  KeyBuilder keys_;
+  std::string channel_for(const std::string& resource) const { return keys_.channel(resource); }
   std::thread loop_;
   bool connected_ = false;
   std::uint64_t generation_ = 0;  // distinct keys across phases

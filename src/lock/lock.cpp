@@ -84,9 +84,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
         impl_(nullptr),
         resource_(std::move(resource)),
         opts_(std::move(opts)),
-        done_(std::move(done)),
-        timer_(svc_->client().get_executor()),
-        rng_(std::random_device{}()) {}
+        done_(std::move(done)) {}
 
   void start(LockService::Impl* impl) {
     impl_ = impl;
@@ -108,7 +106,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       wake_pending_ = true;
       return;
     }
-    timer_.cancel();
+    if (timer_) timer_->cancel();
   }
 
  private:
@@ -171,7 +169,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
             if (auto s = w.lock()) s->wake();
           },
           [self] {
-            if (!self->finished_ && !self->in_flight_) self->timer_.cancel();
+            if (!self->finished_ && !self->in_flight_ && self->timer_) self->timer_->cancel();
           });
     }
     if (wake_pending_) return attempt();
@@ -179,12 +177,15 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     const auto cap = std::min<long long>(opts_.backoff_max.count(),
                                          std::max<long long>(1, opts_.backoff_min.count()) << std::min(tries_, 16));
     ++tries_;
+    // Seeded once per thread: a random_device per acquire costs more than the acquire.
+    thread_local std::mt19937_64 rng{std::random_device{}()};
     std::uniform_int_distribution<long long> d(0, cap);
-    auto sleep = std::chrono::milliseconds(d(rng_));
+    auto sleep = std::chrono::milliseconds(d(rng));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now);
     if (sleep > left) sleep = left;
-    timer_.expires_after(sleep);
-    timer_.async_wait([self = shared_from_this()](boost::system::error_code) {
+    if (!timer_) timer_.emplace(svc_->client().get_executor());
+    timer_->expires_after(sleep);
+    timer_->async_wait([self = shared_from_this()](boost::system::error_code) {
       // Cancelled = woken by a release message: try at once either way.
       if (!self->finished_) self->attempt();
     });
@@ -202,7 +203,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   void finish(std::error_code ec, bool granted, std::optional<std::int64_t> fence, std::string detail = {}) {
     if (finished_) return;
     finished_ = true;
-    timer_.cancel();
+    if (timer_) timer_->cancel();
     if (registered_) {
       auto it = impl_->waiters.find(resource_);
       if (it != impl_->waiters.end()) {
@@ -229,8 +230,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   std::string resource_;
   LockOptions opts_;
   LockService::AcquireHandler done_;
-  asio::steady_timer timer_;
-  std::mt19937_64 rng_;
+  // Only a waiter that has to wait needs a timer: try-once acquires skip it.
+  std::optional<asio::steady_timer> timer_;
   std::string key_, token_;
   std::vector<std::string> script_keys_;
   Clock::time_point started_, deadline_, sent_at_;
@@ -281,7 +282,9 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
     throw Error(errc::invalid_argument, fmt::format("lock ttl {} ms is below the 10 ms minimum", opts.ttl.count()));
   if (opts.wait.count() < 0) throw Error(errc::invalid_argument, "negative wait");
   auto w = std::make_shared<Waiter>(shared_from_this(), std::move(resource), std::move(opts), std::move(done));
-  asio::post(client_.get_executor(), [w, impl = impl_.get()] { w->start(impl); });
+  // On the loop already (a coroutine, a completion): start now, saving a hop.
+  if (client_.running_in_loop_thread()) w->start(impl_.get());
+  else asio::post(client_.get_executor(), [w, impl = impl_.get()] { w->start(impl); });
 }
 
 std::optional<Lock> LockService::acquire(std::string_view resource, const LockOptions& opts) {

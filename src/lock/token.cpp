@@ -2,6 +2,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -17,29 +18,49 @@ std::string make_token(std::string_view job_id) {
       throw Error(errc::invalid_argument, fmt::format("job id \"{}\" may not contain '#' or whitespace", job_id));
   // 128 bits from the kernel CSPRNG: a token nobody else can guess or collide
   // with, so compare-and-delete really proves ownership.
-  std::array<unsigned char, 16> rnd{};
-  std::size_t got = 0;
-  while (got < rnd.size()) {
-    const ssize_t n = ::getrandom(rnd.data() + got, rnd.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw Error(errc::invalid_argument, fmt::format("getrandom: {}", std::strerror(errno)));
+  // OS randomness fetched 4 KiB at a time per thread (one syscall per 256
+  // tokens). The buffer is tied to the pid: a forked child must never hand
+  // out the bytes its parent also holds, or two owners would share a token.
+  struct Pool {
+    std::array<unsigned char, 4096> buf{};
+    std::size_t used = 4096;
+    pid_t pid = -1;
+  };
+  thread_local Pool pool;
+  const pid_t me = ::getpid();
+  if (pool.pid != me || pool.used + 16 > pool.buf.size()) {
+    std::size_t got = 0;
+    while (got < pool.buf.size()) {
+      const ssize_t n = ::getrandom(pool.buf.data() + got, pool.buf.size() - got, 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error(errc::invalid_argument, fmt::format("getrandom: {}", std::strerror(errno)));
+      }
+      got += static_cast<std::size_t>(n);
     }
-    got += static_cast<std::size_t>(n);
+    pool.used = 0;
+    pool.pid = me;
   }
+  std::array<unsigned char, 16> rnd{};
+  std::copy_n(pool.buf.begin() + static_cast<std::ptrdiff_t>(pool.used), rnd.size(), rnd.begin());
+  // Never reuse bytes: wipe what we hand out.
+  std::fill_n(pool.buf.begin() + static_cast<std::ptrdiff_t>(pool.used), rnd.size(), 0);
+  pool.used += rnd.size();
   static const std::string host = [] {
     char buf[256] = {};
     if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("unknown-host");
     return std::string(buf);
   }();
-  std::string hex;
-  hex.reserve(32);
+  // The pid is read every time: a forked child must not claim its parent's.
+  std::string t = host;
+  t.reserve(host.size() + job_id.size() + 48);
+  t.append(1, '/').append(std::to_string(me)).append(1, '/').append(job_id).append(1, '#');
   static constexpr char digits[] = "0123456789abcdef";
   for (unsigned char c : rnd) {
-    hex.push_back(digits[c >> 4]);
-    hex.push_back(digits[c & 0xf]);
+    t.push_back(digits[c >> 4]);
+    t.push_back(digits[c & 0xf]);
   }
-  return fmt::format("{}/{}/{}#{}", host, ::getpid(), job_id, hex);
+  return t;
 }
 
 std::string token_owner(std::string_view token) {

@@ -468,7 +468,9 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     detail::Multiplexer::Request r;
     r.payload = std::move(payload);
     r.deadline = Clock::now() + timeout;
-    auto st = stats;
+    // A raw pointer, not a shared_ptr copy (an atomic round trip per call):
+    // every connection holds the stats, and only connections run completions.
+    SharedStats* st = stats.get();
     r.done = [st, done = std::move(done)](std::error_code ec, Reply reply) mutable {
       if (!ec && reply.is_error()) ec = detail::classify_error_reply(reply);
       st->commands.fetch_add(1, std::memory_order_relaxed);
@@ -562,20 +564,25 @@ Command make_eval(bool by_sha, const Script& script, const std::vector<std::stri
 
 void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
                         Completion done, CallOptions opts) {
-  Command by_sha = make_eval(true, script, keys, args);
-  // Built lazily: the full source is only needed after a NOSCRIPT. The script
-  // is referenced, not copied: scripts are long-lived (see the header).
-  auto fallback = [sp = &script, keys = std::move(keys), args = std::move(args)]() {
-    return make_eval(false, *sp, keys, args);
-  };
+  std::string payload = make_eval(true, script, keys, args).payload();
+  // EVAL differs from EVALSHA only in its first two arguments, so the NOSCRIPT
+  // fallback keeps just the encoded tail (numkeys, keys, args) instead of
+  // copies of the vectors: this runs on every lock acquire and release.
+  const std::size_t n = 2 + 1 + keys.size() + args.size();
+  // "*<n>\r\n" + "$7\r\nEVALSHA\r\n" + "$40\r\n<sha1>\r\n"
+  const std::size_t head = 1 + std::to_string(n).size() + 2 + 13 + 5 + 40 + 2;
+  std::string tail = payload.substr(head);
   impl_->submit(
-      by_sha.payload(),
-      [impl = impl_, fallback = std::move(fallback), done = std::move(done), opts](std::error_code ec,
-                                                                                   Reply r) mutable {
+      std::move(payload),
+      [impl = impl_, sp = &script, n, tail = std::move(tail), done = std::move(done), opts](std::error_code ec,
+                                                                                         Reply r) mutable {
         if (ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
           // The script cache was flushed (SCRIPT FLUSH, restart, failover):
-          // EVAL runs it and loads it again for the next EVALSHA.
-          impl->submit(fallback().payload(), std::move(done), opts);
+          // EVAL runs it and loads it again for the next EVALSHA. The script is
+          // referenced, not copied: scripts are long-lived (see the header).
+          std::string eval = fmt::format("*{}\r\n$4\r\nEVAL\r\n${}\r\n", n, sp->source().size());
+          eval.append(sp->source()).append("\r\n").append(tail);
+          impl->submit(std::move(eval), std::move(done), opts);
           return;
         }
         done(ec, std::move(r));

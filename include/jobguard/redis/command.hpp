@@ -1,5 +1,5 @@
-// A Redis command, encoded to RESP once when it is built (by hiredis's
-// redisFormatCommandArgv), so the event loop only copies bytes.
+// A Redis command, encoded to RESP once when it is built, so the event loop
+// only copies bytes. Binary-safe: arguments may hold any bytes.
 #pragma once
 
 #include <initializer_list>

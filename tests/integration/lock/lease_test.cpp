@@ -162,24 +162,32 @@ TEST_F(LeaseTest, StoppedProcessDetectsTheLossOnResume) {
 
 TEST_F(LeaseTest, OneSchedulerRenewsTenThousandLeasesInBatches) {
   constexpr int kLeases = 10000;
-  std::vector<std::optional<Lock>> locks(kLeases);
+  std::mutex mu;
+  std::vector<Lease> leases;
+  leases.reserve(kLeases);
   std::atomic<int> done{0}, failed{0};
   for (int i = 0; i < kLeases; ++i) {
-    svc->async_acquire(resource(std::to_string(i)), LockOptions{.ttl = 1500ms},
-                       [&, i](std::error_code ec, std::optional<Lock> l) {
-                         if (ec || !l) failed++;
-                         else locks[static_cast<std::size_t>(i)] = std::move(l);
+    // Adopt in the completion: the scheduler owns each lock from its grant.
+    svc->async_acquire(resource(std::to_string(i)), LockOptions{.ttl = 3s},
+                       [&](std::error_code ec, std::optional<Lock> l) {
+                         if (ec || !l) {
+                           failed++;
+                         } else {
+                           Lease lease = sched->adopt(std::move(*l));
+                           std::lock_guard<std::mutex> g(mu);
+                           leases.push_back(std::move(lease));
+                         }
                          done++;
                        });
   }
-  ASSERT_TRUE(eventually([&] { return done.load() == kLeases; }, 20s));
+  ASSERT_TRUE(eventually([&] { return done.load() == kLeases; }, 60s));
   ASSERT_EQ(failed.load(), 0);
-  std::vector<Lease> leases;
-  leases.reserve(kLeases);
-  for (auto& l : locks) leases.push_back(sched->adopt(std::move(*l)));
-  std::this_thread::sleep_for(3500ms);  // more than two TTLs
+  std::this_thread::sleep_for(7s);  // more than two TTLs
   int lost = 0;
-  for (auto& l : leases) lost += l.lost() ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& l : leases) lost += l.lost() ? 1 : 0;
+  }
   EXPECT_EQ(lost, 0);
   const auto st = sched->stats();
   EXPECT_EQ(st.active, static_cast<std::uint64_t>(kLeases));
