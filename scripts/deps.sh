@@ -6,11 +6,16 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libhiredis-dev libboost1.81-dev libssl-dev libpq-dev libpqxx-dev
       libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
-      redis-server redis-tools postgresql-15 openssl nodejs npm)
+      redis-server redis-tools postgresql-15 openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the peer benchmarks and the interop test. Machines that
+# already have them (often from outside Debian, with npm bundled) keep theirs:
+# Debian's npm package conflicts with such installs.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "jobguard: missing Debian packages: ${missing[*]} (run as root or install them)" >&2

@@ -1,4 +1,4 @@
-// ThreadSanitizer reads this when the test binary is built with
+// Linked into every test binary (tests/CMakeLists.txt). ThreadSanitizer reads this when the test binary is built with
 // -fsanitize=thread (the symbol is a weak hook in its runtime; elsewhere it is
 // an unused function).
 //
