@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,38 @@ struct Phase {
 };
 
 bool lock_ops_available();
+
+// `jobguard bench --contention`: W workers contend for ONE resource, each
+// with its own Client (its own connection and event loop) and LockService, as
+// separate worker processes would; each loops acquire (waiting) -> hold ->
+// release. All workers are threads of this process, so one monotonic clock
+// times the handoff from one worker's release to the next worker's grant.
+struct ContentionConfig {
+  int workers = 8;
+  std::chrono::duration<double> seconds{5};
+  std::chrono::microseconds hold{1000};
+  bool fair = false;
+  std::string resource = "bench:contention";  // key jobguard:lock:{bench:contention}, as bench/peers/contention.js
+};
+
+struct ContentionWorker {
+  std::uint64_t count = 0, errors = 0;
+  std::vector<float> waits_us;  // acquire call -> grant, per critical section
+  double longest_wait_us = 0;   // includes a wait cut short by the end of the run
+};
+
+struct ContentionResult {
+  std::vector<ContentionWorker> workers;
+  std::vector<float> handoffs_us;        // release sent -> next grant received
+  std::vector<float> other_handoffs_us;  // the same, to a worker other than the releaser
+  std::uint64_t self_handoffs = 0;       // the releaser got it back
+  std::uint64_t overlaps = 0;            // two holders at once: must stay 0
+  double elapsed_s = 0;
+  std::string first_error;
+};
+
+// Throws Error(redis_unavailable) when a worker cannot connect.
+ContentionResult run_contention(const redis::ConnectionOptions& opts, const ContentionConfig& cfg);
 
 class Runner {
  public:

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -35,6 +36,11 @@ struct BenchArgs {
   int connections = 1;
   bool embedded = false;
   std::string only;  // "raw" or "lock"; empty = both
+  bool contention = false;
+  bool fair = false;
+  std::string hold = "1ms";
+  std::string resource = "bench:contention";
+  bool workers_given = false, seconds_given = false;
 };
 
 nlohmann::json summarize(const bench::Phase& p) {
@@ -54,8 +60,117 @@ nlohmann::json summarize(const bench::Phase& p) {
           {"commands_per_write", p.writes ? static_cast<double>(p.commands) / static_cast<double>(p.writes) : 0.0}};
 }
 
+double quantile(std::vector<float> v, double f) {
+  if (v.empty()) return 0;
+  const auto i = std::min(v.size() - 1, static_cast<std::size_t>(f * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return v[i];
+}
+
+double round_to(double v, int digits) {
+  const double m = std::pow(10.0, digits);
+  return std::round(v * m) / m;
+}
+
+// Same quantities as bench/peers/contention.js, so the two can sit side by side.
+nlohmann::json summarize(const bench::ContentionConfig& c, const bench::ContentionResult& r) {
+  std::uint64_t total = 0, errors = 0;
+  std::vector<float> waits;
+  double longest = 0;
+  for (const auto& w : r.workers) {
+    total += w.count;
+    errors += w.errors;
+    waits.insert(waits.end(), w.waits_us.begin(), w.waits_us.end());
+    longest = std::max(longest, w.longest_wait_us);
+  }
+  const double mean = static_cast<double>(total) / static_cast<double>(r.workers.size());
+  double dev = 0;
+  nlohmann::json shares = nlohmann::json::array(), counts = nlohmann::json::array(), per = nlohmann::json::array();
+  for (std::size_t i = 0; i < r.workers.size(); ++i) {
+    const auto& w = r.workers[i];
+    const double share = total ? static_cast<double>(w.count) / static_cast<double>(total) : 0.0;
+    if (mean > 0) dev = std::max(dev, std::abs(static_cast<double>(w.count) - mean) / mean);
+    shares.push_back(round_to(share, 4));
+    counts.push_back(w.count);
+    per.push_back({{"worker", i},
+                   {"count", w.count},
+                   {"share", round_to(share, 4)},
+                   {"wait_p50_ms", round_to(quantile(w.waits_us, 0.50) / 1000, 3)},
+                   {"wait_p99_ms", round_to(quantile(w.waits_us, 0.99) / 1000, 3)},
+                   {"wait_max_ms", round_to(w.longest_wait_us / 1000, 3)},
+                   {"errors", w.errors}});
+  }
+  const double secs = c.seconds.count();
+  const auto handoffs = r.handoffs_us.size();
+  return {{"workers", c.workers},
+          {"fair", c.fair},
+          {"seconds", secs},
+          {"hold_us", c.hold.count()},
+          {"resource", c.resource},
+          {"critical_sections", total},
+          {"cs_per_s", round_to(static_cast<double>(total) / secs, 1)},
+          {"shares", shares},
+          {"counts", counts},
+          {"max_share_deviation_pct", total ? round_to(dev * 100, 2) : 0.0},
+          {"handoffs", handoffs},
+          {"handoff_p50_us", round_to(quantile(r.handoffs_us, 0.50), 1)},
+          {"handoff_p99_us", round_to(quantile(r.handoffs_us, 0.99), 1)},
+          {"handoff_to_other_p50_us", round_to(quantile(r.other_handoffs_us, 0.50), 1)},
+          {"handoff_to_other_p99_us", round_to(quantile(r.other_handoffs_us, 0.99), 1)},
+          {"self_handoff_pct",
+           handoffs ? round_to(100.0 * static_cast<double>(r.self_handoffs) / static_cast<double>(handoffs), 2) : 0.0},
+          {"wait_p50_ms", round_to(quantile(waits, 0.50) / 1000, 3)},
+          {"wait_p99_ms", round_to(quantile(waits, 0.99) / 1000, 3)},
+          {"wait_max_ms", round_to(longest / 1000, 3)},
+          {"per_worker", per},
+          {"overlaps", r.overlaps},
+          {"errors", errors}};
+}
+
+int run_contention(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
+  bench::ContentionConfig cfg;
+  cfg.workers = a.workers_given ? a.workers : 8;
+  cfg.seconds = duration<double>(a.seconds_given ? a.seconds : 5.0);
+  cfg.hold = parse_duration(a.hold, "--hold");
+  cfg.fair = a.fair;
+  cfg.resource = a.resource;
+  if (cfg.workers < 2 || cfg.workers > 1024)
+    throw Error(errc::invalid_argument, "--workers must be 2..1024 with --contention (one connection each)");
+  if (cfg.hold > seconds(10)) throw Error(errc::invalid_argument, "--hold must be at most 10s");
+  KeyBuilder::validate_resource(cfg.resource);
+  const auto r = bench::run_contention(opts, cfg);
+  const auto j = summarize(cfg, r);
+  if (r.overlaps) std::cerr << fmt::format("jobguard bench: {} overlapping critical sections: the lock failed\n", r.overlaps);
+  if (!r.first_error.empty()) std::cerr << "jobguard bench: first error: " << r.first_error << "\n";
+  if (g.json) {
+    std::cout << nlohmann::json{{"redis", redis::to_display_url(opts)}, {"contention", j}}.dump() << "\n";
+    return exit_code::ok;
+  }
+  std::cout << fmt::format(
+      "jobguard bench --contention{}: {} workers on one key ({}), hold {} us, {:.1f} s, {}\n"
+      "  {:.0f} critical sections/s; handoff p50 {:.0f} us p99 {:.0f} us (to another worker p50 {:.0f} p99 {:.0f} us); "
+      "back to the releaser {:.1f}%\n"
+      "  wait p50 {:.3f} ms p99 {:.3f} ms max {:.3f} ms; max share deviation {:.1f}% of the mean; overlaps {}, errors {}\n",
+      cfg.fair ? " --fair" : "", cfg.workers, cfg.resource, cfg.hold.count(), cfg.seconds.count(),
+      redis::to_display_url(opts), j["cs_per_s"].get<double>(), j["handoff_p50_us"].get<double>(),
+      j["handoff_p99_us"].get<double>(), j["handoff_to_other_p50_us"].get<double>(),
+      j["handoff_to_other_p99_us"].get<double>(), j["self_handoff_pct"].get<double>(), j["wait_p50_ms"].get<double>(),
+      j["wait_p99_ms"].get<double>(), j["wait_max_ms"].get<double>(), j["max_share_deviation_pct"].get<double>(),
+      r.overlaps, j["errors"].get<std::uint64_t>());
+  for (const auto& p : j["per_worker"])
+    std::cout << fmt::format("  worker {}: {} (share {:.3f}), wait p50 {:.3f} ms p99 {:.3f} ms max {:.3f} ms\n",
+                             p["worker"].get<std::size_t>(), p["count"].get<std::uint64_t>(), p["share"].get<double>(),
+                             p["wait_p50_ms"].get<double>(), p["wait_p99_ms"].get<double>(),
+                             p["wait_max_ms"].get<double>());
+  return exit_code::ok;
+}
+
 int run_bench(const Globals& g, const BenchArgs& a) {
   if (a.workers < 1 || a.workers > 100000) throw Error(errc::invalid_argument, "--workers must be 1..100000");
+  if (a.contention && (a.only.size() || a.mode != "coro" || a.connections != 1))
+    throw Error(errc::invalid_argument, "--contention takes none of --only, --mode, --connections");
+  if (!a.contention && (a.fair || a.hold != "1ms" || a.resource != "bench:contention"))
+    throw Error(errc::invalid_argument, "--fair, --hold and --resource need --contention");
   if (a.seconds <= 0 || a.seconds > 3600) throw Error(errc::invalid_argument, "--seconds must be in (0, 3600]");
   std::unique_ptr<EmbeddedRedis> server;
   redis::ConnectionOptions opts;
@@ -69,6 +184,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   }
   opts.connections = a.connections;
   opts.command_timeout = seconds(5);
+  if (a.contention) return run_contention(g, a, opts);
 
   bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads"};
   bench::Runner runner(opts, cfg);
@@ -110,15 +226,25 @@ int run_bench(const Globals& g, const BenchArgs& a) {
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto args = std::make_shared<BenchArgs>();
   auto* sub = root.add_subcommand("bench", "Measure acquire+release throughput against the raw commands");
-  sub->add_option("--workers", args->workers, "Concurrent callers")->capture_default_str();
-  sub->add_option("--seconds", args->seconds, "Seconds per phase")->capture_default_str();
+  auto* workers = sub->add_option("--workers", args->workers, "Concurrent callers (--contention: default 8)")->capture_default_str();
+  auto* secs = sub->add_option("--seconds", args->seconds, "Seconds per phase (--contention: default 5)")->capture_default_str();
   sub->add_option("--mode", args->mode, "coro: coroutines on the event loop; threads: blocking threads")
       ->check(CLI::IsMember({"coro", "threads"}))
       ->capture_default_str();
   sub->add_option("--connections", args->connections, "Multiplexed connections")->check(CLI::Range(1, 64))->capture_default_str();
   sub->add_option("--only", args->only, "Run only one half: raw or lock")->check(CLI::IsMember({"raw", "lock"}));
   sub->add_flag("--embedded", args->embedded, "Start a private redis-server instead of using --redis");
-  out.emplace_back(sub, [&g, args] { return run_bench(g, *args); });
+  sub->add_flag("--contention", args->contention,
+                "Instead: W workers (own connection each) loop acquire -> hold -> release on ONE key; "
+                "report critical sections/s, shares, handoff latency, waits");
+  sub->add_option("--hold", args->hold, "--contention: time inside the critical section")->capture_default_str();
+  sub->add_flag("--fair", args->fair, "--contention: fair (FIFO) locks, a releaser cannot barge ahead of a waiter");
+  sub->add_option("--resource", args->resource, "--contention: the contended resource")->capture_default_str();
+  out.emplace_back(sub, [&g, args, workers, secs] {
+    args->workers_given = workers->count() > 0;
+    args->seconds_given = secs->count() > 0;
+    return run_bench(g, *args);
+  });
 }
 
 JOBGUARD_COMMAND(add);
