@@ -10,13 +10,55 @@
 
 #include <cerrno>
 #include <cstring>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "jobguard/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 
 namespace jobguard {
+namespace {
+
+// PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not
+// the process. A server started from a short-lived thread (a test worker
+// thread that first touched a lazily started fixture) was killed when that
+// thread ended. So every fork happens on one thread that lives as long as the
+// process: the death signal then means exactly "the process died".
+pid_t on_spawner_thread(const std::function<pid_t()>& fork_fn) {
+  struct Spawner {
+    std::mutex mu;
+    std::condition_variable cv;
+    const std::function<pid_t()>* job = nullptr;
+    pid_t result = -1;
+    bool done = false;
+    Spawner() {
+      std::thread([this] {
+        std::unique_lock<std::mutex> g(mu);
+        for (;;) {
+          cv.wait(g, [this] { return job != nullptr; });
+          result = (*job)();
+          job = nullptr;
+          done = true;
+          cv.notify_all();
+        }
+      }).detach();
+    }
+  };
+  static Spawner* sp = new Spawner();  // never destroyed: its thread runs until exit
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> serial(one_at_a_time);
+  std::unique_lock<std::mutex> g(sp->mu);
+  sp->done = false;
+  sp->job = &fork_fn;
+  sp->cv.notify_all();
+  sp->cv.wait(g, [&] { return sp->done; });
+  return sp->result;
+}
+
+}  // namespace
 
 std::uint16_t pick_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -78,17 +120,22 @@ void EmbeddedRedis::spawn() {
   argv.push_back(nullptr);
 
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(errc::invalid_argument, fmt::format("fork: {}", std::strerror(errno)));
-  if (pid == 0) {
-    // Child: die with the parent so a crashed test leaves no server behind.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    ::setpgid(0, 0);  // a Ctrl-C aimed at the CLI must not reach the server first
-    ::close_range(3, ~0U, 0);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
-  }
+  int fork_errno = 0;
+  const pid_t pid = on_spawner_thread([&] {
+    const pid_t p = ::fork();
+    if (p == 0) {
+      // Child: die with the parent so a crashed test leaves no server behind.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::setpgid(0, 0);  // a Ctrl-C aimed at the CLI must not reach the server first
+      ::close_range(3, ~0U, 0);
+      ::execvp(argv[0], argv.data());
+      ::_exit(127);
+    }
+    if (p < 0) fork_errno = errno;
+    return p;
+  });
+  if (pid < 0) throw Error(errc::invalid_argument, fmt::format("fork: {}", std::strerror(fork_errno)));
   pid_ = pid;
 }
 

@@ -193,9 +193,13 @@ TYPED_TEST(IdempotencyContract, WorkerKilledAfterEffectBeforeCompleteDoesNotRepe
   const std::string fp = "charge:sub-42:1000";
   constexpr auto kLease = 2000ms;
 
+  // Start the backend's server here, in the parent: started lazily in the
+  // child, it would die with the child (the regression this test once had
+  // under ctest, where each test runs in a fresh process). The store and its
+  // client thread are gone again before the fork.
+  { auto warm = TypeParam::idempotency(); }
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
-  // No store (and so no client thread) exists yet in this process: fork is safe.
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
