@@ -26,6 +26,18 @@ namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+// The registry lookup takes a shared lock and a map search; a worker thread
+// almost always asks for the same class again, so remember the last one.
+observe::LockClassMetrics& class_metrics(const std::string& lock_class) {
+  thread_local std::string last_name;
+  thread_local observe::LockClassMetrics* last = nullptr;
+  if (last == nullptr || last_name != lock_class) {
+    last = &observe::Registry::global().lock_class(lock_class);
+    last_name = lock_class;
+  }
+  return *last;
+}
+
 const redis::Script& script_acquire() {
   static const redis::Script s{std::string(lock_scripts::acquire)};
   return s;
@@ -93,7 +105,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     token_ = make_token(opts_.job_id);
     started_ = Clock::now();
     deadline_ = started_ + opts_.wait;
-    metrics_ = &observe::Registry::global().lock_class(opts_.lock_class);
+    metrics_ = &class_metrics(opts_.lock_class);
     if (opts_.fence || opts_.fair) {
       script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
     }
@@ -165,8 +177,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       registered_ = true;
       sub_id_ = svc_->impl_sub().subscribe(
           svc_->keys().channel(resource_),
-          [w = std::weak_ptr<Waiter>(self)](const std::string&, const std::string&) {
-            if (auto s = w.lock()) s->wake();
+          [w = std::weak_ptr<Waiter>(self)](const std::string&, const std::string& msg) {
+            auto s = w.lock();
+            if (!s) return;
+            // A fair release names the queue head: only that waiter can win,
+            // so the rest keep sleeping (their backoff still covers a head
+            // that died, or a release by a client that names nobody).
+            if (s->opts_.fair && msg != s->token_) return;
+            s->wake();
           },
           [self] {
             if (!self->finished_ && !self->in_flight_ && self->timer_) self->timer_->cancel();
@@ -265,7 +283,7 @@ Lock LockService::make_lock(const std::string& resource, const std::string& key,
   l.key_ = key;
   l.token_ = token;
   l.lock_class_ = opts.lock_class;
-  l.metrics_ = &observe::Registry::global().lock_class(opts.lock_class);
+  l.metrics_ = &class_metrics(opts.lock_class);
   l.fence_ = fence;
   l.ttl_ = opts.ttl;
   // The TTL started when the server ran SET, which is after we sent it: the
@@ -301,7 +319,9 @@ std::optional<Lock> LockService::acquire(std::string_view resource, const LockOp
 
 void LockService::async_release(const std::string& resource, const std::string& token,
                                 std::function<void(std::error_code, bool)> done) {
-  std::vector<std::string> keys = {keys_.lock_key(resource)};
+  // The queue key (same hash slot) lets the release name the fair queue's
+  // head; for a lock nobody waits on fairly it is a missing key, one O(1) read.
+  std::vector<std::string> keys = {keys_.lock_key(resource), keys_.queue_key(resource)};
   client_.async_eval(lock_release_script(), std::move(keys), {token, keys_.channel(resource)},
                      [done = std::move(done)](std::error_code ec, redis::Reply r) {
                        if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
