@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# bench/compare.sh [--seconds S] [--workers N] [--peers]
+# One sitting, one private redis-server pinned to core 0, every client pinned to
+# core 1, measured back to back:
+#   1. redis-benchmark -c N -P 1 SET (the single-client-core wall),
+#   2. jobguard bench (raw SET NX PX, raw pair, lock pair through the library),
+#   3. with --peers: the Node.js plain ioredis pattern and node-redlock.
+# Prints one JSON object with every figure and the ratios the issues quote.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+seconds=3 workers=64 peers=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --seconds) seconds=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --peers) peers=1; shift ;;
+    *) echo "compare.sh: unknown option $1" >&2; exit 64 ;;
+  esac
+done
+jg=$root/build/apps/jobguard/jobguard
+[ -x "$jg" ] || { echo "compare.sh: build first (scripts/build.sh)" >&2; exit 69; }
+dir=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+taskset -c 0 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >/dev/null 2>&1 &
+srv=$!
+trap 'kill $srv 2>/dev/null; wait $srv 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+url=redis://127.0.0.1:$port/0
+requests=$(( seconds * 100000 ))
+rb=$(taskset -c 1 redis-benchmark -p "$port" -c "$workers" -P 1 -n "$requests" -r 10000000 -t set --csv 2>/dev/null \
+     | awk -F'","' '/"SET"/ {gsub(/"/,"",$2); print $2}')
+redis-cli -p "$port" flushall >/dev/null
+jgjson=$(taskset -c 1 "$jg" --redis "$url" --json bench --workers "$workers" --seconds "$seconds")
+peerjson='null'
+if [ "$peers" = 1 ]; then
+  bash "$root/bench/peers/install.sh" >/dev/null
+  redis-cli -p "$port" flushall >/dev/null
+  plain=$(cd "$root/bench/peers" && taskset -c 1 node lock-bench.js --redis "$url" --workers "$workers" --seconds "$seconds" --mode plain --json)
+  redlock=$(cd "$root/bench/peers" && taskset -c 1 node lock-bench.js --redis "$url" --workers "$workers" --seconds "$seconds" --mode redlock --json)
+  peerjson="{\"plain\":$plain,\"redlock\":$redlock}"
+fi
+python3 - "$rb" "$jgjson" "$peerjson" <<'PY'
+import json, sys
+rb = float(sys.argv[1] or 0)
+jg = json.loads(sys.argv[2])
+peers = json.loads(sys.argv[3])
+out = {"redis_benchmark_set_per_s": rb, "jobguard": jg,
+       "raw_vs_redis_benchmark": jg["raw"]["ops_per_s"] / rb if rb else None,
+       "lock_vs_raw_pair": jg.get("ratio")}
+if peers:
+    out["peers"] = peers
+    out["lock_vs_ioredis_plain"] = jg["lock"]["ops_per_s"] / peers["plain"]["ops_per_s"]
+    out["lock_vs_node_redlock"] = jg["lock"]["ops_per_s"] / peers["redlock"]["ops_per_s"]
+print(json.dumps(out, indent=1))
+PY
