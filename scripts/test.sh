@@ -20,22 +20,23 @@ run_suite() {  # dir label-regex
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 300 "$@"
 }
 
-echo "== build (RelWithDebInfo, -Werror)"
+echo "== build (RelWithDebInfo, -Werror) ($(date +%T))"
 bash scripts/build.sh "$root/build"
-echo "== test"
+echo "== test ($(date +%T))"
 run_suite "$root/build" || status=1
 
 if [ "${JOBGUARD_TEST_QUICK:-0}" != 1 ]; then
-  echo "== build (ASan+UBSan)"
+  echo "== build (ASan+UBSan) ($(date +%T))"
   bash scripts/build.sh "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug "-DJOBGUARD_SANITIZE=address;undefined" -DJOBGUARD_BUILD_BENCH=OFF
-  echo "== test (ASan+UBSan)"
+  echo "== test (ASan+UBSan) ($(date +%T))"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_suite "$root/build-asan" -LE nosan || status=1
-  echo "== build (TSan)"
+  echo "== build (TSan) ($(date +%T))"
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DJOBGUARD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug \
     -DJOBGUARD_SANITIZE=thread -DJOBGUARD_BUILD_BENCH=OFF >/dev/null
   ninja -C "$root/build-tsan" jobguard_tsan_tests
-  echo "== test (TSan, concurrency tests)"
+  echo "== test (TSan, concurrency tests) ($(date +%T))"
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_suite "$root/build-tsan" -L tsan || status=1
 fi
+echo "== done ($(date +%T))"
 exit $status
