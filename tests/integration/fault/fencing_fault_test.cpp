@@ -152,7 +152,7 @@ class FencingFault : public RedisTest {
     w->marker = dir_ + "/" + w->name + ".marker";
     w->proc = std::make_unique<Subprocess>(std::vector<std::string>{
         jobguard_binary(), "--redis", redis_url, "run", "--key", resource_, "--ttl", kTtl, "--wait", "10s", "--fence",
-        "--", "sh", "-c", kWorkerScript, w->name, w->marker, pg_->dir(), std::to_string(pg_->port()),
+        "--", "sh", "-c", kWorkerScript, "jobguard-fault-worker", w->name, w->marker, pg_->dir(), std::to_string(pg_->port()),
         role == Role::paused ? "1" : "0", acct_, audit_});
     workers_.push_back(std::move(w));
     return *workers_.back();
