@@ -85,6 +85,24 @@ Runner::~Runner() {
   loop_.join();
 }
 
+namespace {
+// Adds up one phase: the workers' counts and latencies, and the client's
+// command and write counters over the phase (commands per write = pipelining).
+Phase collect(const std::vector<WorkerResult>& results, Clock::time_point start, const redis::ClientStats& before,
+              const redis::ClientStats& after) {
+  Phase p;
+  p.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  p.commands = after.commands - before.commands;
+  p.writes = after.writes - before.writes;
+  for (auto& r : results) {
+    p.ops += r.ops;
+    p.errors += r.errors;
+    p.latencies_us.insert(p.latencies_us.end(), r.lat.begin(), r.lat.end());
+  }
+  return p;
+}
+}  // namespace
+
 Phase Runner::run(Op op) { return cfg_.threads ? run_threads(op) : run_coro(op); }
 
 Phase Runner::run_coro(Op op) {
@@ -137,17 +155,7 @@ Phase Runner::run_coro(Op op) {
     asio::co_spawn(ctx_, body, asio::detached);
   }
   all_done.get_future().wait();
-  Phase p;
-  p.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  const auto after = client_->stats();
-  p.commands = after.commands - before.commands;
-  p.writes = after.writes - before.writes;
-  for (auto& r : results) {
-    p.ops += r.ops;
-    p.errors += r.errors;
-    p.latencies_us.insert(p.latencies_us.end(), r.lat.begin(), r.lat.end());
-  }
-  return p;
+  return collect(results, start, before, client_->stats());
 }
 
 Phase Runner::run_threads(Op op) {
@@ -186,17 +194,7 @@ Phase Runner::run_threads(Op op) {
     });
   }
   for (auto& t : threads) t.join();
-  Phase p;
-  p.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  const auto after = client_->stats();
-  p.commands = after.commands - before.commands;
-  p.writes = after.writes - before.writes;
-  for (auto& r : results) {
-    p.ops += r.ops;
-    p.errors += r.errors;
-    p.latencies_us.insert(p.latencies_us.end(), r.lat.begin(), r.lat.end());
-  }
-  return p;
+  return collect(results, start, before, client_->stats());
 }
 
 ContentionResult run_contention(const redis::ConnectionOptions& opts, const ContentionConfig& cfg) {
