@@ -15,25 +15,7 @@ using namespace jobguard;
 using Clock = std::chrono::steady_clock;
 using jobguard::test::eventually;
 
-class LockTest : public jobguard::test::RedisTest {
- protected:
-  void SetUp() override {
-    RedisTest::SetUp();
-    client = make_client();
-    svc = LockService::create(*client);
-  }
-  void TearDown() override {
-    svc.reset();
-    client.reset();
-    RedisTest::TearDown();
-  }
-  std::string resource(const std::string& s) const {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    return std::string(info->name()) + ":" + s;
-  }
-  std::unique_ptr<redis::Client> client;
-  std::shared_ptr<LockService> svc;
-};
+#include "fixtures.hpp"
 
 TEST_F(LockTest, AcquireStoresThePlainTokenWithTheTtl) {
   auto l = svc->acquire(resource("a"), LockOptions{.ttl = 5s});
@@ -99,63 +81,6 @@ TEST_F(LockTest, MutualExclusionAcrossThreads) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(overlaps.load(), 0);
   EXPECT_EQ(entries.load(), 200);
-}
-
-TEST_F(LockTest, MutualExclusionAcrossProcesses) {
-  char tmpl[] = "/tmp/jobguard-mx-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  const std::string log = tmpl;
-  const auto opts = options();
-  const std::string res = resource("proc");
-  std::vector<pid_t> kids;
-  for (int p = 0; p < 4; ++p) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int rc = 0;
-      try {
-        redis::Client c(opts);
-        auto s = LockService::create(c);
-        for (int i = 0; i < 20; ++i) {
-          auto l = s->acquire(res, LockOptions{.ttl = 5s, .wait = 20s});
-          if (!l) {
-            rc = 2;
-            break;
-          }
-          std::ofstream(log, std::ios::app) << "enter " << p << "\n" << std::flush;
-          std::this_thread::sleep_for(1ms);
-          std::ofstream(log, std::ios::app) << "exit " << p << "\n" << std::flush;
-          l->release();
-        }
-      } catch (...) {
-        rc = 3;
-      }
-      _exit(rc);
-    }
-    kids.push_back(pid);
-  }
-  for (pid_t k : kids) {
-    int st = 0;
-    waitpid(k, &st, 0);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
-  }
-  std::ifstream in(log);
-  std::string what, who, holder;
-  int n = 0;
-  while (in >> what >> who) {
-    if (what == "enter") {
-      EXPECT_EQ(holder, "") << "process " << who << " entered while " << holder << " was inside";
-      holder = who;
-      ++n;
-    } else {
-      EXPECT_EQ(holder, who);
-      holder.clear();
-    }
-  }
-  EXPECT_EQ(n, 80);
-  unlink(tmpl);
 }
 
 TEST_F(LockTest, TryOnceReturnsBusyImmediately) {

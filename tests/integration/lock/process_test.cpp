@@ -1,0 +1,171 @@
+// Lock and lease tests that fork worker processes or load one scheduler with
+// 10,000 leases. They are not in the ThreadSanitizer run: TSan does not
+// support threads in a child forked from a multi-threaded process, and its
+// slowdown turns a capacity test into a test of TSan.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "fixtures.hpp"
+#include "jobguard/error.hpp"
+
+using namespace std::chrono_literals;
+using namespace jobguard;
+using Clock = std::chrono::steady_clock;
+using jobguard::test::eventually;
+
+TEST_F(LockTest, MutualExclusionAcrossProcesses) {
+  char tmpl[] = "/tmp/jobguard-mx-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string log = tmpl;
+  const auto opts = options();
+  const std::string res = resource("proc");
+  std::vector<pid_t> kids;
+  for (int p = 0; p < 4; ++p) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        redis::Client c(opts);
+        auto s = LockService::create(c);
+        for (int i = 0; i < 20; ++i) {
+          auto l = s->acquire(res, LockOptions{.ttl = 5s, .wait = 20s});
+          if (!l) {
+            rc = 2;
+            break;
+          }
+          std::ofstream(log, std::ios::app) << "enter " << p << "\n" << std::flush;
+          std::this_thread::sleep_for(1ms);
+          std::ofstream(log, std::ios::app) << "exit " << p << "\n" << std::flush;
+          l->release();
+        }
+      } catch (...) {
+        rc = 3;
+      }
+      _exit(rc);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t k : kids) {
+    int st = 0;
+    waitpid(k, &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+  }
+  std::ifstream in(log);
+  std::string what, who, holder;
+  int n = 0;
+  while (in >> what >> who) {
+    if (what == "enter") {
+      EXPECT_EQ(holder, "") << "process " << who << " entered while " << holder << " was inside";
+      holder = who;
+      ++n;
+    } else {
+      EXPECT_EQ(holder, who);
+      holder.clear();
+    }
+  }
+  EXPECT_EQ(n, 80);
+  unlink(tmpl);
+}
+
+TEST_F(LeaseTest, StoppedProcessDetectsTheLossOnResume) {
+  // A child holds a lease (ttl 400 ms); we SIGSTOP it for 1.5 s. On SIGCONT it
+  // must report the lease lost at once, not at its next renewal, and must not
+  // have renewed it after the fact.
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const auto opts = options();
+  const std::string res = resource("sigstop");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pipefd[0]);
+    int rc = 10;
+    {
+      redis::Client c(opts);
+      auto s = LockService::create(c);
+      auto sch = LeaseScheduler::create(s);
+      auto lease = sch->acquire(res, LockOptions{.ttl = 400ms});
+      if (lease) {
+        std::atomic<bool> lost{false};
+        lease->on_lost([&](LeaseState, const std::string&) { lost = true; });
+        char ok = 'r';
+        (void)!write(pipefd[1], &ok, 1);
+        // Watch for the gap the stop leaves in our own timeline.
+        auto last = Clock::now();
+        Clock::time_point resumed{};
+        rc = 11;
+        for (int i = 0; i < 2000; ++i) {
+          std::this_thread::sleep_for(2ms);
+          const auto now = Clock::now();
+          if (resumed == Clock::time_point{} && now - last > 1s) resumed = now;
+          last = now;
+          if (resumed != Clock::time_point{} && lost.load()) {
+            rc = (Clock::now() - resumed) < 300ms ? 0 : 12;
+            break;
+          }
+        }
+        lease->release();
+      }
+    }
+    _exit(rc);
+  }
+  close(pipefd[1]);
+  char buf = 0;
+  ASSERT_EQ(read(pipefd[0], &buf, 1), 1);
+  close(pipefd[0]);
+  std::this_thread::sleep_for(50ms);
+  kill(pid, SIGSTOP);
+  std::this_thread::sleep_for(1500ms);
+  kill(pid, SIGCONT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "10: no lease, 11: loss not reported, 12: reported late";
+}
+
+TEST_F(LeaseTest, OneSchedulerRenewsTenThousandLeasesInBatches) {
+  constexpr int kLeases = 10000;
+  std::mutex mu;
+  std::vector<Lease> leases;
+  leases.reserve(kLeases);
+  std::atomic<int> done{0}, failed{0};
+  for (int i = 0; i < kLeases; ++i) {
+    // Adopt in the completion: the scheduler owns each lock from its grant.
+    svc->async_acquire(resource(std::to_string(i)), LockOptions{.ttl = 3s},
+                       [&](std::error_code ec, std::optional<Lock> l) {
+                         if (ec || !l) {
+                           failed++;
+                         } else {
+                           Lease lease = sched->adopt(std::move(*l));
+                           std::lock_guard<std::mutex> g(mu);
+                           leases.push_back(std::move(lease));
+                         }
+                         done++;
+                       });
+  }
+  ASSERT_TRUE(eventually([&] { return done.load() == kLeases; }, 60s));
+  ASSERT_EQ(failed.load(), 0);
+  std::this_thread::sleep_for(7s);  // more than two TTLs
+  int lost = 0;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& l : leases) lost += l.lost() ? 1 : 0;
+  }
+  EXPECT_EQ(lost, 0);
+  const auto st = sched->stats();
+  EXPECT_EQ(st.active, static_cast<std::uint64_t>(kLeases));
+  EXPECT_GE(st.renewals_sent, static_cast<std::uint64_t>(kLeases) * 2);
+  // Renewals falling due together leave together: far fewer wake-ups than renewals.
+  EXPECT_LT(st.renewal_batches * 20, st.renewals_sent) << st.renewal_batches << " batches";
+  EXPECT_EQ(admin("DBSIZE"), std::to_string(kLeases));
+}
