@@ -132,6 +132,7 @@ class Lock {
   std::string resource_, key_, token_, lock_class_;
   std::optional<std::int64_t> fence_;
   observe::LockClassMetrics* metrics_ = nullptr;  // owned by the global registry
+  bool fair_ = false;
   std::chrono::milliseconds ttl_{0};
   std::chrono::steady_clock::time_point acquired_at_{};
   bool held_ = false;
@@ -161,7 +162,9 @@ class LockService : public std::enable_shared_from_this<LockService> {
 
   // Raw compare-and-delete / compare-and-pexpire by key and token; `done`
   // gets true when the token still owned the key.
-  void async_release(const std::string& resource, const std::string& token, std::function<void(std::error_code, bool)> done);
+  // `fair`: the lock was taken in fair mode (its release names the queue head).
+  void async_release(const std::string& resource, const std::string& token,
+                     std::function<void(std::error_code, bool)> done, bool fair = false);
   void async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
                     std::function<void(std::error_code, bool)> done);
 

@@ -285,6 +285,7 @@ Lock LockService::make_lock(const std::string& resource, const std::string& key,
   l.lock_class_ = opts.lock_class;
   l.metrics_ = &class_metrics(opts.lock_class);
   l.fence_ = fence;
+  l.fair_ = opts.fair;
   l.ttl_ = opts.ttl;
   // The TTL started when the server ran SET, which is after we sent it: the
   // send time is the conservative start of the lease.
@@ -318,10 +319,11 @@ std::optional<Lock> LockService::acquire(std::string_view resource, const LockOp
 }
 
 void LockService::async_release(const std::string& resource, const std::string& token,
-                                std::function<void(std::error_code, bool)> done) {
-  // The queue key (same hash slot) lets the release name the fair queue's
-  // head; for a lock nobody waits on fairly it is a missing key, one O(1) read.
-  std::vector<std::string> keys = {keys_.lock_key(resource), keys_.queue_key(resource)};
+                                std::function<void(std::error_code, bool)> done, bool fair) {
+  // A fair lock passes its queue key (same hash slot) so the release can name
+  // the queue's head; a plain lock does not pay for the extra key and read.
+  std::vector<std::string> keys = {keys_.lock_key(resource)};
+  if (fair) keys.push_back(keys_.queue_key(resource));
   client_.async_eval(lock_release_script(), std::move(keys), {token, keys_.channel(resource)},
                      [done = std::move(done)](std::error_code ec, redis::Reply r) {
                        if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
@@ -347,6 +349,7 @@ Lock::Lock(Lock&& o) noexcept
       lock_class_(std::move(o.lock_class_)),
       fence_(o.fence_),
       metrics_(o.metrics_),
+      fair_(o.fair_),
       ttl_(o.ttl_),
       acquired_at_(o.acquired_at_),
       held_(o.held_) {
@@ -355,7 +358,7 @@ Lock::Lock(Lock&& o) noexcept
 
 Lock& Lock::operator=(Lock&& o) noexcept {
   if (this != &o) {
-    if (held_ && service_) service_->async_release(resource_, token_, nullptr);
+    if (held_ && service_) service_->async_release(resource_, token_, nullptr, fair_);
     service_ = std::move(o.service_);
     resource_ = std::move(o.resource_);
     key_ = std::move(o.key_);
@@ -363,6 +366,7 @@ Lock& Lock::operator=(Lock&& o) noexcept {
     lock_class_ = std::move(o.lock_class_);
     fence_ = o.fence_;
     metrics_ = o.metrics_;
+    fair_ = o.fair_;
     ttl_ = o.ttl_;
     acquired_at_ = o.acquired_at_;
     held_ = o.held_;
@@ -376,10 +380,13 @@ Lock::~Lock() {
   // it cannot reach Redis the TTL frees the lock.
   if (held_ && service_) {
     metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
-    service_->async_release(resource_, token_, [m = metrics_](std::error_code ec, bool ours) {
-      if (ec) m->redis_errors_total.inc();
-      else (ours ? m->releases_total : m->released_not_owner_total).inc();
-    });
+    service_->async_release(
+        resource_, token_,
+        [m = metrics_](std::error_code ec, bool ours) {
+          if (ec) m->redis_errors_total.inc();
+          else (ours ? m->releases_total : m->released_not_owner_total).inc();
+        },
+        fair_);
   }
 }
 
@@ -389,15 +396,18 @@ bool Lock::release() {
   std::promise<bool> p;
   auto f = p.get_future();
   metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
-  service_->async_release(resource_, token_, [&p, m = metrics_](std::error_code ec, bool ours) {
-    if (ec) {
-      m->redis_errors_total.inc();
-      p.set_exception(std::make_exception_ptr(Error(ec, "release")));
-      return;
-    }
-    (ours ? m->releases_total : m->released_not_owner_total).inc();
-    p.set_value(ours);
-  });
+  service_->async_release(
+      resource_, token_,
+      [&p, m = metrics_](std::error_code ec, bool ours) {
+        if (ec) {
+          m->redis_errors_total.inc();
+          p.set_exception(std::make_exception_ptr(Error(ec, "release")));
+          return;
+        }
+        (ours ? m->releases_total : m->released_not_owner_total).inc();
+        p.set_value(ours);
+      },
+      fair_);
   return f.get();
 }
 

@@ -2,7 +2,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -27,7 +30,13 @@ std::string make_token(std::string_view job_id) {
     pid_t pid = -1;
   };
   thread_local Pool pool;
-  const pid_t me = ::getpid();
+  // getpid() is a syscall (glibc no longer caches it) and showed in profiles
+  // of the acquire path: keep it in a global that a fork handler refreshes.
+  static std::atomic<pid_t> cached_pid = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { cached_pid.store(::getpid()); });
+    return ::getpid();
+  }();
+  const pid_t me = cached_pid.load(std::memory_order_relaxed);
   if (pool.pid != me || pool.used + 16 > pool.buf.size()) {
     std::size_t got = 0;
     while (got < pool.buf.size()) {
