@@ -171,7 +171,7 @@ class LockService : public std::enable_shared_from_this<LockService> {
   struct Impl;
   // Internal, for src/lock: the release subscriber, and building a Lock value.
   redis::Subscriber& impl_sub();
-  Lock make_lock(const std::string& resource, const std::string& key, const std::string& token,
+  Lock make_lock(std::string resource, std::string key, std::string token,
                  std::optional<std::int64_t> fence, const LockOptions& opts,
                  std::chrono::steady_clock::time_point sent_at);
 

@@ -239,7 +239,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     metrics_->wait_seconds.observe(Clock::now() - started_);
     if (!granted) return done({}, std::nullopt);
     metrics_->acquisitions_total.inc();
-    auto lock = svc_->make_lock(resource_, key_, token_, fence, opts_, sent_at_);
+    // The waiter is finished: its strings move into the Lock, no copies.
+    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, sent_at_);
     done({}, std::move(lock));
   }
 
@@ -275,13 +276,13 @@ std::shared_ptr<LockService> LockService::create(redis::Client& client, KeyBuild
 
 redis::Subscriber& LockService::impl_sub() { return impl_->sub(client_); }
 
-Lock LockService::make_lock(const std::string& resource, const std::string& key, const std::string& token,
+Lock LockService::make_lock(std::string resource, std::string key, std::string token,
                             std::optional<std::int64_t> fence, const LockOptions& opts, Clock::time_point sent_at) {
   Lock l;
   l.service_ = shared_from_this();
-  l.resource_ = resource;
-  l.key_ = key;
-  l.token_ = token;
+  l.resource_ = std::move(resource);
+  l.key_ = std::move(key);
+  l.token_ = std::move(token);
   l.lock_class_ = opts.lock_class;
   l.metrics_ = &class_metrics(opts.lock_class);
   l.fence_ = fence;
