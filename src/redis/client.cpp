@@ -18,6 +18,7 @@
 
 #include "jobguard/error.hpp"
 #include "redis/multiplexer.hpp"
+#include "redis/tls_context.hpp"
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -407,6 +408,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 // Shared with the handlers it posts: on a caller's io_context they may run
 // after the Client is gone, and must find `closed` set, not freed memory.
+namespace detail {
+std::shared_ptr<asio::ssl::context> make_tls_context(const TlsOptions& tls) {
+  auto ssl = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
+  ssl->set_options(asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                   asio::ssl::context::no_tlsv1_1);
+  boost::system::error_code ec;
+  if (tls.ca_file.empty()) ssl->set_default_verify_paths(ec);
+  else ssl->load_verify_file(tls.ca_file, ec);
+  if (ec) throw Error(errc::tls_error, fmt::format("cannot load CA file \"{}\": {}", tls.ca_file, ec.message()));
+  if (!tls.cert_file.empty()) {
+    ssl->use_certificate_chain_file(tls.cert_file, ec);
+    if (ec) throw Error(errc::tls_error, fmt::format("cannot load certificate \"{}\": {}", tls.cert_file, ec.message()));
+    ssl->use_private_key_file(tls.key_file.empty() ? tls.cert_file : tls.key_file, asio::ssl::context::pem, ec);
+    if (ec) throw Error(errc::tls_error, fmt::format("cannot load private key \"{}\": {}", tls.key_file, ec.message()));
+  }
+  ssl->set_verify_mode(tls.verify_peer ? asio::ssl::verify_peer : asio::ssl::verify_none);
+  return ssl;
+}
+}  // namespace detail
+
 struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
   ConnectionOptions opts;
   std::unique_ptr<asio::io_context> own_ctx;
@@ -424,23 +445,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       throw Error(errc::invalid_argument, "command_timeout must be positive (every call has a deadline)");
     if (opts.connect_timeout.count() <= 0) throw Error(errc::invalid_argument, "connect_timeout must be positive");
     if (opts.connections < 1) throw Error(errc::invalid_argument, "connections must be at least 1");
-    if (opts.tls.enabled) {
-      ssl = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
-      ssl->set_options(asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
-                       asio::ssl::context::no_tlsv1_1);
-      boost::system::error_code ec;
-      if (opts.tls.ca_file.empty()) ssl->set_default_verify_paths(ec);
-      else ssl->load_verify_file(opts.tls.ca_file, ec);
-      if (ec) throw Error(errc::tls_error, fmt::format("cannot load CA file \"{}\": {}", opts.tls.ca_file, ec.message()));
-      if (!opts.tls.cert_file.empty()) {
-        ssl->use_certificate_chain_file(opts.tls.cert_file, ec);
-        if (ec) throw Error(errc::tls_error, fmt::format("cannot load certificate \"{}\": {}", opts.tls.cert_file, ec.message()));
-        ssl->use_private_key_file(opts.tls.key_file.empty() ? opts.tls.cert_file : opts.tls.key_file,
-                                  asio::ssl::context::pem, ec);
-        if (ec) throw Error(errc::tls_error, fmt::format("cannot load private key \"{}\": {}", opts.tls.key_file, ec.message()));
-      }
-      ssl->set_verify_mode(opts.tls.verify_peer ? asio::ssl::verify_peer : asio::ssl::verify_none);
-    }
+    if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
     for (int i = 0; i < opts.connections; ++i)
       conns.push_back(std::make_shared<Connection>(*ctx, opts, ssl, stats));
     asio::post(*ctx, [conns = conns] {

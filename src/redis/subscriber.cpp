@@ -1,5 +1,7 @@
 #include "jobguard/redis/subscriber.hpp"
 
+#include "redis/tls_context.hpp"
+
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 #include <openssl/ssl.h>
@@ -47,18 +49,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
   std::function<void()> on_reconnect;
 
   Impl(Client& c) : ex(c.get_executor()), opts(c.options()), resolver(ex), timer(ex) {
-    if (opts.tls.enabled) {
-      ssl = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
-      boost::system::error_code ec;
-      if (opts.tls.ca_file.empty()) ssl->set_default_verify_paths(ec);
-      else ssl->load_verify_file(opts.tls.ca_file, ec);
-      if (!opts.tls.cert_file.empty()) {
-        ssl->use_certificate_chain_file(opts.tls.cert_file, ec);
-        ssl->use_private_key_file(opts.tls.key_file.empty() ? opts.tls.cert_file : opts.tls.key_file,
-                                  asio::ssl::context::pem, ec);
-      }
-      ssl->set_verify_mode(opts.tls.verify_peer ? asio::ssl::verify_peer : asio::ssl::verify_none);
-    }
+    // Same context as the client's connections (it already validated the files).
+    if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
   }
 
   void send(std::initializer_list<std::string_view> args) {
