@@ -1,5 +1,7 @@
 #include "jobguard/job/stream_source.hpp"
 
+#include <cstddef>
+#include <cstdlib>
 #include <string>
 
 #include "jobguard/error.hpp"
@@ -145,6 +147,48 @@ std::int64_t StreamSource::pending_count() {
 
 std::int64_t StreamSource::length(const std::string& stream) {
   return client_.exec(Command{"XLEN", stream}, CallOptions{opts_.call_timeout}).integer;
+}
+
+std::vector<PendingEntry> StreamSource::pending(std::size_t max) {
+  std::vector<PendingEntry> out;
+  if (max == 0) return out;
+  Reply r = client_.exec(Command{"XPENDING", opts_.stream, opts_.group, "-", "+", std::to_string(max)},
+                         CallOptions{opts_.call_timeout});
+  if (!r.is_array()) return out;
+  // [[id, consumer, idle ms, deliveries] ...]
+  for (const auto& e : r.elements) {
+    if (!e.is_array() || e.elements.size() < 4) continue;
+    out.push_back(PendingEntry{e.elements[0].str, e.elements[1].str, std::chrono::milliseconds(e.elements[2].integer),
+                               e.elements[3].integer});
+  }
+  return out;
+}
+
+std::vector<DeadLetter> StreamSource::dead_letters(std::size_t max) {
+  std::vector<DeadLetter> out;
+  if (max == 0) return out;
+  Reply r = client_.exec(Command{"XREVRANGE", opts_.dead_letter, "+", "-", "COUNT", std::to_string(max)},
+                         CallOptions{opts_.call_timeout});
+  if (!r.is_array()) return out;
+  for (const auto& e : r.elements) {
+    auto entry = parse_entry(e);
+    if (!entry) continue;
+    DeadLetter d;
+    d.id = entry->id;
+    // The bookkeeping fields come first (dead_letter below); a job field with
+    // the same name after them stays a job field.
+    std::size_t i = 0;
+    for (; i < entry->fields.size() && i < 3; ++i) {
+      const auto& [k, v] = entry->fields[i];
+      if (k == "source_id") d.source_id = v;
+      else if (k == "attempts") d.attempts = std::strtoll(v.c_str(), nullptr, 10);
+      else if (k == "last_error") d.last_error = v;
+      else break;
+    }
+    d.fields.assign(entry->fields.begin() + static_cast<std::ptrdiff_t>(i), entry->fields.end());
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 bool StreamSource::fail(const StreamJob& job, std::string_view error) {

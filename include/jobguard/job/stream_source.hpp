@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -53,6 +54,23 @@ struct StreamJob {
   std::string field(std::string_view name) const;
 };
 
+// One entry of the group's pending list (XPENDING, extended form).
+struct PendingEntry {
+  std::string id;
+  std::string consumer;            // who holds it now
+  std::chrono::milliseconds idle{0};  // since its last delivery
+  std::int64_t deliveries = 0;
+};
+
+// One entry of the dead-letter stream: a job moved there after max_attempts.
+struct DeadLetter {
+  std::string id;         // its id in the dead-letter stream
+  std::string source_id;  // its id in the job stream
+  std::int64_t attempts = 0;
+  std::string last_error;
+  std::vector<std::pair<std::string, std::string>> fields;  // the job's own fields
+};
+
 class StreamSource {
  public:
   // Throws Error(invalid_argument) naming the bad option.
@@ -87,6 +105,10 @@ class StreamSource {
   std::int64_t deliveries(std::string_view id);
   std::int64_t pending_count();
   std::int64_t length(const std::string& stream);
+  // The first `max` pending jobs, oldest first (for inspection: `jobguard jobs ls`).
+  std::vector<PendingEntry> pending(std::size_t max);
+  // The newest `max` dead-letter entries, newest first.
+  std::vector<DeadLetter> dead_letters(std::size_t max);
 
  private:
   void dead_letter(const StreamJob& job, std::string_view error, std::int64_t deliveries);
