@@ -102,6 +102,7 @@ enum class Outcome {
   already_done,       // a completion record existed: nothing ran
   busy,               // another worker holds the lock (or the idempotency key)
   redis_unavailable,  // fail-closed class and Redis unreachable: nothing ran
+  postgres_unavailable,  // the PostgreSQL guard or record store unreachable: nothing recorded
   lease_lost,         // the lock was lost (or its time ran short) mid-job
   timed_out,          // the class's hard timeout stopped the job
   stale,              // the downstream rejected our fencing token
@@ -189,8 +190,11 @@ class GuardedRunner {
   struct Attempt;
   std::unique_ptr<guard::PgConnection> take_pg();
   void give_pg(std::unique_ptr<guard::PgConnection> c);
-  RunResult run_guarded(Attempt& a, const Effect& effect);
-  bool run_chunk(Attempt& a, const Effect& effect, int chunk, RunResult& r);
+  void run_guarded(Attempt& a, const Effect& effect, RunResult& r);
+  bool run_step(Attempt& a, const Effect& effect, int chunk, RunResult& r);
+  std::optional<std::string> find_done(Attempt& a, const std::string& run_id);
+  void record_done(Attempt& a, const std::string& run_id, const std::string& result);
+  void emit(const Attempt& a, std::string_view event, std::string_view outcome, std::string_view detail = {});
 
   std::shared_ptr<LeaseScheduler> leases_;
   LockClass cls_;

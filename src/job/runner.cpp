@@ -1,0 +1,517 @@
+#include "jobguard/job/runner.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <limits>
+
+#include "jobguard/error.hpp"
+#include "jobguard/guard/completion.hpp"
+#include "jobguard/guard/idempotency.hpp"
+#include "jobguard/lease.hpp"
+#include "jobguard/lock.hpp"
+#include "jobguard/observe/event_log.hpp"
+#include "jobguard/observe/metrics.hpp"
+
+namespace jobguard::job {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Redis could not serve us (as opposed to refusing what we asked): the only
+// errors a class's fail-open policy applies to. PostgreSQL's own
+// "unavailable" also asks for a retry but is never a reason to fail open.
+bool redis_down(const Error& e) {
+  return e.code() != make_error_code(errc::postgres_unavailable) && e.next() == next_step::retry_call;
+}
+
+Outcome classify(const Error& e) {
+  if (e.code() == make_error_code(errc::postgres_unavailable)) return Outcome::postgres_unavailable;
+  if (redis_down(e)) return Outcome::redis_unavailable;
+  if (e.code() == make_error_code(errc::lease_lost)) return Outcome::lease_lost;
+  if (e.code() == make_error_code(errc::stale_fence)) return Outcome::stale;
+  return Outcome::failed;
+}
+
+std::string default_worker() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return fmt::format("{}/{}", host[0] ? host : "unknown-host", ::getpid());
+}
+
+std::string step_run_id(const std::string& run_id, int chunk) {
+  return chunk < 0 ? run_id : fmt::format("{}#chunk-{}", run_id, chunk);
+}
+
+// Thrown inside a high-class transaction to roll it back with a verdict that
+// is not an error of the effect.
+struct StepVerdict {
+  Outcome outcome;
+  std::string detail;
+  std::string result;
+};
+
+// PostgreSQL reports a statement timeout as errc::timeout, which on its own
+// reads as "Redis could not serve us". On the high row's PostgreSQL paths it
+// is PostgreSQL that could not serve us: never a reason to fail open.
+template <class F>
+auto on_postgres(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.next() == next_step::retry_call && e.code() != make_error_code(errc::postgres_unavailable))
+      throw Error(errc::postgres_unavailable, e.what());
+    throw;
+  }
+}
+
+constexpr std::string_view kSelectDone =
+    "SELECT result FROM jobguard_completions WHERE job_kind = $1 AND entity = $2 AND run_id = $3";
+constexpr std::string_view kInsertDone =
+    "INSERT INTO jobguard_completions (job_kind, entity, run_id, completed_by, result) VALUES ($1, $2, $3, $4, $5)";
+
+}  // namespace
+
+const char* to_string(Outcome o) noexcept {
+  switch (o) {
+    case Outcome::completed: return "completed";
+    case Outcome::already_done: return "already_done";
+    case Outcome::busy: return "busy";
+    case Outcome::redis_unavailable: return "redis_unavailable";
+    case Outcome::postgres_unavailable: return "postgres_unavailable";
+    case Outcome::lease_lost: return "lease_lost";
+    case Outcome::timed_out: return "timed_out";
+    case Outcome::stale: return "stale";
+    case Outcome::failed: return "failed";
+  }
+  return "?";
+}
+
+std::string JobContext::idempotency_key(std::string_view item) const {
+  std::string k;
+  k.reserve(idem_key_.size() + 1 + item.size());
+  k.append(idem_key_).append(1, '/').append(item);
+  return k;
+}
+
+std::chrono::milliseconds JobContext::safe_time_left() const {
+  return time_left_ ? time_left_() : milliseconds::max();
+}
+
+void JobContext::ensure(std::optional<std::chrono::milliseconds> min_left) const {
+  if (!guarded_) return;  // fail-open: there is no lock whose time could run out
+  const auto need = min_left.value_or(cls_->effective_min_time_left());
+  const auto left = safe_time_left();
+  if (left < need || stop_.stop_requested())
+    throw Error(errc::lease_lost, fmt::format("lock {}: {} ms safely left, {} ms needed before the side effect",
+                                              lock_key_, std::max<std::int64_t>(0, left.count()), need.count()));
+}
+
+struct GuardedRunner::Attempt {
+  const Unit* unit = nullptr;
+  std::string resource, job_id, fingerprint;
+  std::optional<Lock> lock;
+  std::optional<Lease> lease;
+  bool fail_open = false;
+  observe::LockClassMetrics* m = nullptr;
+  Clock::time_point t0;
+
+  const std::string& lock_key() const {
+    static const std::string none;
+    return lease ? lease->key() : lock ? lock->key() : none;
+  }
+};
+
+GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass cls, RunnerBackends backends)
+    : leases_(std::move(leases)), cls_(std::move(cls)), b_(std::move(backends)) {
+  cls_.validate();
+  auto bad = [&](const std::string& what) {
+    return Error(errc::invalid_argument, fmt::format("lock class '{}': {}", cls_.name, what));
+  };
+  if (!leases_) throw bad("the runner needs a LeaseScheduler");
+  if (cls_.consequence == Consequence::high) {
+    // The decision matrix's high row: the durable guard lives where the
+    // durable state does. Redis alone (lost on a restart or a failover)
+    // cannot be what stops a second run of a state transition.
+    if (!b_.postgres) throw bad("consequence high needs PostgreSQL (RunnerBackends::postgres)");
+    if (b_.completions)
+      throw bad("consequence high records completions in PostgreSQL, in the effect's transaction; "
+                "do not pass a separate completion store");
+  } else if (!b_.completions) {
+    throw bad(fmt::format("consequence {} needs a completion store (RunnerBackends::completions)",
+                          to_string(cls_.consequence)));
+  }
+  if (b_.idempotency && cls_.consequence != Consequence::moderate)
+    throw bad(fmt::format("an idempotency store is the moderate row's guard, not the {} row's",
+                          to_string(cls_.consequence)));
+  if (b_.worker.empty()) b_.worker = default_worker();
+}
+
+GuardedRunner::~GuardedRunner() = default;
+
+std::unique_ptr<guard::PgConnection> GuardedRunner::take_pg() {
+  {
+    std::lock_guard lk(pg_mu_);
+    if (!pg_idle_.empty()) {
+      auto c = std::move(pg_idle_.back());
+      pg_idle_.pop_back();
+      return c;
+    }
+  }
+  return std::make_unique<guard::PgConnection>(*b_.postgres);
+}
+
+void GuardedRunner::give_pg(std::unique_ptr<guard::PgConnection> c) {
+  std::lock_guard lk(pg_mu_);
+  pg_idle_.push_back(std::move(c));
+}
+
+void GuardedRunner::emit(const Attempt& a, std::string_view event, std::string_view outcome,
+                         std::string_view detail) {
+  if (!b_.log) return;
+  observe::Event e{.event = event,
+                   .lock_key = a.lock_key(),
+                   .job_id = a.job_id,
+                   .lock_class = cls_.name,
+                   .outcome = outcome,
+                   .elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - a.t0).count()};
+  if (!detail.empty()) e.extra.emplace_back("detail", std::string(detail));
+  b_.log->emit(e);
+}
+
+std::optional<std::string> GuardedRunner::find_done(Attempt& a, const std::string& run_id) {
+  if (cls_.consequence == Consequence::high) {
+    auto res = on_postgres([&] {
+      auto conn = take_pg();
+      auto rows = conn->exec(kSelectDone, {cls_.name, a.resource, run_id});
+      give_pg(std::move(conn));
+      return rows;
+    });
+    if (res.empty()) return std::nullopt;
+    return res.rows[0][0].value_or("");
+  }
+  auto rec = b_.completions->find(cls_.name, a.resource, run_id);
+  if (!rec) return std::nullopt;
+  return rec->result;
+}
+
+void GuardedRunner::record_done(Attempt& a, const std::string& run_id, const std::string& result) {
+  if (cls_.consequence == Consequence::high) {
+    on_postgres([&] {
+      auto conn = take_pg();
+      // ON CONFLICT: a chunked unit's final record may race a fail-open twin;
+      // either record proves the same thing.
+      conn->exec(std::string(kInsertDone) + " ON CONFLICT DO NOTHING",
+                 {cls_.name, a.resource, run_id, b_.worker, result});
+      give_pg(std::move(conn));
+    });
+    return;
+  }
+  b_.completions->record(cls_.name, a.resource, run_id, b_.worker, result);
+}
+
+RunResult GuardedRunner::run(const Unit& unit, const Effect& effect) {
+  if (unit.id.empty()) throw Error(errc::invalid_argument, fmt::format("lock class '{}': unit without id", cls_.name));
+  if (unit.run_id.empty())
+    throw Error(errc::invalid_argument, fmt::format("lock class '{}': unit '{}' without run_id", cls_.name, unit.id));
+  if (unit.chunks < 0)
+    throw Error(errc::invalid_argument, fmt::format("lock class '{}': unit '{}' has {} chunks", cls_.name, unit.id,
+                                                    unit.chunks));
+  if (!effect) throw Error(errc::invalid_argument, fmt::format("lock class '{}': empty effect", cls_.name));
+  Attempt a;
+  a.unit = &unit;
+  a.t0 = Clock::now();
+  a.resource = cls_.resource_for(unit.id);
+  KeyBuilder::validate_resource(a.resource);
+  a.job_id = unit.job_id.empty() ? cls_.name + ":" + unit.id : unit.job_id;
+  a.fingerprint = unit.fingerprint.empty() ? unit.run_id : unit.fingerprint;
+  a.m = &observe::Registry::global().lock_class(cls_.name);
+
+  RunResult r;
+  try {
+    run_guarded(a, effect, r);
+  } catch (const StepVerdict& v) {
+    r.outcome = v.outcome;
+    r.detail = v.detail;
+  } catch (const Error& e) {
+    r.outcome = classify(e);
+    r.detail = e.what();
+    if (r.outcome == Outcome::redis_unavailable) a.m->redis_errors_total.inc();
+  } catch (const std::exception& e) {
+    r.outcome = Outcome::failed;
+    r.detail = e.what();
+  }
+  if (a.lease && r.outcome == Outcome::lease_lost && a.lease->state() == LeaseState::timed_out) {
+    r.outcome = Outcome::timed_out;
+    r.detail = "hard timeout: " + a.lease->reason();
+  }
+  if (r.outcome == Outcome::stale) a.m->stale_writes_rejected_total.inc();
+  r.fail_open = a.fail_open;
+  if (a.lease) r.fence = a.lease->fence();
+  if (a.lock) r.fence = a.lock->fence();
+  // Release before reporting: the next worker may start as soon as it hears.
+  try {
+    if (a.lease) a.lease->release();
+    if (a.lock) a.lock->release();
+  } catch (const Error&) {
+    // Redis went away after the work: the lock frees itself at its TTL.
+  }
+  r.elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - a.t0);
+  emit(a, r.outcome == Outcome::already_done ? "skipped" : r.ok() ? "completed" : "failed", to_string(r.outcome),
+       r.detail);
+  return r;
+}
+
+void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) {
+  const Unit& unit = *a.unit;
+  // Phase 1 before the lock: a duplicate delivery of finished work costs one
+  // read, not a lock round.
+  std::optional<std::string> done;
+  try {
+    done = find_done(a, unit.run_id);
+  } catch (const Error& e) {
+    if (!redis_down(e) || cls_.on_redis_down != RedisDownPolicy::fail_open) throw;
+    // Fail-open and the record store is down too: we cannot know; the class
+    // declared that running is acceptable. Counted with the fail-open below.
+  }
+  if (done) {
+    r.outcome = Outcome::already_done;
+    r.result = *done;
+    r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, unit.run_id);
+    return;
+  }
+
+  // Phase 2: claim.
+  LockOptions lo;
+  lo.ttl = cls_.ttl;
+  lo.wait = cls_.wait;
+  lo.fence = cls_.consequence == Consequence::high;
+  lo.job_id = a.job_id;
+  lo.lock_class = cls_.name;
+  try {
+    if (cls_.long_running) {
+      LeaseOptions leo;
+      leo.hard_timeout = cls_.hard_timeout;
+      a.lease = leases_->acquire(a.resource, lo, leo);
+      if (!a.lease) throw StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}};
+    } else {
+      a.lock = leases_->service().acquire(a.resource, lo);
+      if (!a.lock) throw StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}};
+    }
+  } catch (const Error& e) {
+    if (!redis_down(e)) throw;
+    a.m->redis_errors_total.inc();
+    if (cls_.on_redis_down == RedisDownPolicy::fail_closed)
+      throw StepVerdict{Outcome::redis_unavailable,
+                        fmt::format("Redis unavailable and lock class '{}' is fail-closed, so {} did not run: {}",
+                                    cls_.name, a.job_id, e.what()),
+                        {}};
+    a.fail_open = true;
+    a.m->fail_open_total.inc();
+    emit(a, "fail_open", "unguarded",
+         fmt::format("Redis unavailable; lock class '{}' is fail-open: running {} WITHOUT the lock: {}", cls_.name,
+                     a.job_id, e.what()));
+  }
+  if (!a.fail_open) emit(a, "acquired", "ok");
+
+  // Phase 1 again, under the lock: another worker may have finished between
+  // our first look and our grant.
+  if (!a.fail_open) {
+    done = find_done(a, unit.run_id);
+    if (done) {
+      r.outcome = Outcome::already_done;
+      r.result = *done;
+      r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, unit.run_id);
+      return;
+    }
+  }
+
+  // Phases 3 and 4.
+  if (unit.chunks == 0) {
+    if (!run_step(a, effect, -1, r)) return;
+  } else {
+    for (int c = 0; c < unit.chunks; ++c)
+      if (!run_step(a, effect, c, r)) return;
+    // The unit's own record: the next delivery skips it with one read.
+    try {
+      record_done(a, unit.run_id, r.result);
+    } catch (const Error& e) {
+      if (!a.fail_open) throw;
+      emit(a, "record_failed", "error", e.what());
+    }
+  }
+  r.outcome = Outcome::completed;
+}
+
+// One effect call (a chunk, or the whole unit) and its completion record.
+// False when the run must stop; r.outcome then says why.
+bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunResult& r) {
+  const Unit& unit = *a.unit;
+  const std::string run_id = step_run_id(unit.run_id, chunk);
+
+  JobContext ctx;
+  ctx.cls_ = &cls_;
+  ctx.unit_ = &unit;
+  ctx.resource_ = a.resource;
+  ctx.lock_key_ = a.lock_key();
+  ctx.guarded_ = !a.fail_open;
+  ctx.chunk_ = chunk;
+  ctx.idem_key_ = fmt::format("{}/{}/{}", cls_.name, a.resource, run_id);
+  if (a.lease) {
+    ctx.fence_ = a.lease->fence();
+    ctx.stop_ = a.lease->stop_token();
+    Lease* lease = &*a.lease;
+    ctx.time_left_ = [lease] { return lease->safe_time_left(); };
+  } else if (a.lock) {
+    ctx.fence_ = a.lock->fence();
+    // A plain lock's time is its TTL from the grant, less the same drift
+    // allowance a lease takes (the server's clock may run faster than ours).
+    const auto expires = a.lock->acquired_at() + a.lock->ttl() - a.lock->ttl() / 100 - milliseconds(2);
+    ctx.time_left_ = [expires] {
+      return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(expires - Clock::now()));
+    };
+  }
+
+  if (chunk >= 0 && cls_.consequence != Consequence::high) {
+    // The checkpoint: a chunk recorded by an earlier, crashed attempt.
+    std::optional<std::string> done;
+    try {
+      done = find_done(a, run_id);
+    } catch (const Error& e) {
+      if (!a.fail_open) throw;
+      emit(a, "record_unreadable", "error", e.what());
+    }
+    if (done) {
+      ++r.chunks_skipped;
+      emit(a, "skipped", "checkpoint", fmt::format("chunk {} of {} completed earlier", chunk, unit.chunks));
+      return true;
+    }
+  }
+  if (ctx.guarded_) ctx.ensure();  // a lost lease stops the unit before the next chunk starts
+
+  if (cls_.consequence == Consequence::high) {
+    auto conn = on_postgres([&] { return take_pg(); });
+    bool skipped = false;
+    std::string result;
+    try {
+      conn->transact([&](guard::PgTransaction& tx) {
+        // The durable guard: one transaction per resource at a time, whatever
+        // Redis says (it may have lost the lock, or be down and fail-open).
+        const std::string name = cls_.name + "/" + a.resource;
+        const bool got = cls_.wait.count() > 0 ? tx.advisory_xact_lock(name, cls_.wait) : tx.try_advisory_xact_lock(name);
+        if (!got)
+          throw StepVerdict{Outcome::busy, fmt::format("advisory lock {} is held by another transaction", name), {}};
+        auto res = tx.exec(kSelectDone, {cls_.name, a.resource, run_id});
+        if (!res.empty()) {
+          skipped = true;
+          result = res.rows[0][0].value_or("");
+          return;
+        }
+        ctx.tx_ = &tx;
+        result = effect(ctx);
+        ctx.tx_ = nullptr;
+        // The record commits with the effect's writes, or neither does.
+        tx.exec(kInsertDone, {cls_.name, a.resource, run_id, b_.worker, result});
+      });
+    } catch (const Error& e) {
+      // A connection that failed mid-transaction is not reused.
+      if (e.code() != make_error_code(errc::postgres_unavailable) && e.code() != make_error_code(errc::in_doubt))
+        give_pg(std::move(conn));
+      if (e.code() == make_error_code(errc::timeout))
+        throw Error(errc::postgres_unavailable, e.what());
+      throw;
+    } catch (...) {
+      give_pg(std::move(conn));
+      throw;
+    }
+    give_pg(std::move(conn));
+    if (skipped) {
+      if (chunk < 0) {
+        r.outcome = Outcome::already_done;
+        r.result = result;
+        r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, run_id);
+        return false;
+      }
+      ++r.chunks_skipped;
+      emit(a, "skipped", "checkpoint", fmt::format("chunk {} of {} completed earlier", chunk, unit.chunks));
+      return true;
+    }
+    r.result = std::move(result);
+    if (chunk >= 0) ++r.chunks_run;
+    return true;
+  }
+
+  // Low and moderate.
+  std::string owner;
+  const bool use_idem = b_.idempotency != nullptr;
+  bool idem_ok = use_idem;
+  if (use_idem) {
+    try {
+      auto b = b_.idempotency->begin(ctx.idem_key_, a.fingerprint, cls_.long_running ? cls_.hard_timeout : cls_.ttl);
+      switch (b.status) {
+        case guard::BeginStatus::claimed:
+          owner = b.owner;
+          break;
+        case guard::BeginStatus::completed:
+          // The effect ran and its key completed, but the completion record
+          // was not written (a crash between the two): record it now.
+          r.result = b.result;
+          record_done(a, run_id, r.result);
+          if (chunk >= 0) ++r.chunks_skipped;
+          emit(a, "skipped", "idempotency_completed", ctx.idem_key_);
+          if (chunk < 0) {
+            r.outcome = Outcome::already_done;
+            r.detail = fmt::format("idempotency key {} completed earlier", ctx.idem_key_);
+            return false;
+          }
+          return true;
+        case guard::BeginStatus::in_progress:
+          throw StepVerdict{Outcome::busy,
+                            fmt::format("idempotency key {} is in progress by {}", ctx.idem_key_, b.owner), {}};
+        case guard::BeginStatus::fingerprint_conflict:
+          throw StepVerdict{Outcome::failed,
+                            fmt::format("idempotency key {} was used for a different request (fingerprint {})",
+                                        ctx.idem_key_, b.stored_fingerprint),
+                            {}};
+      }
+    } catch (const Error& e) {
+      if (!a.fail_open || !redis_down(e)) throw;
+      idem_ok = false;  // fail-open: the downstream still gets the key
+      emit(a, "idempotency_unavailable", "error", e.what());
+    }
+  }
+  std::string result;
+  try {
+    result = effect(ctx);
+  } catch (...) {
+    // The effect reported that it did not complete: free the key at once so
+    // a retry does not wait out the claim. The downstream still sees the
+    // same key on the retry, which is what protects a half-done effect.
+    if (idem_ok) {
+      try {
+        b_.idempotency->abandon(ctx.idem_key_, owner);
+      } catch (const Error&) {
+      }
+    }
+    throw;
+  }
+  if (idem_ok) b_.idempotency->complete(ctx.idem_key_, owner, result);
+  try {
+    record_done(a, run_id, result);
+  } catch (const Error& e) {
+    if (!a.fail_open) {
+      throw Error(e.code(), fmt::format("the effect of {} ran but its completion was not recorded: {}", run_id,
+                                        e.what()));
+    }
+    emit(a, "record_failed", "error", e.what());
+  }
+  if (chunk >= 0) {
+    ++r.chunks_run;
+    emit(a, "checkpoint", "ok", fmt::format("chunk {} of {}", chunk, unit.chunks));
+  }
+  r.result = std::move(result);
+  return true;
+}
+
+}  // namespace jobguard::job

@@ -1,0 +1,503 @@
+// The guarded runner against a real redis-server (one per test, so a test can
+// stop it) and the shared throwaway PostgreSQL cluster.
+#include "jobguard/job/runner.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "jobguard/embedded_redis.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/guard/completion.hpp"
+#include "jobguard/guard/idempotency.hpp"
+#include "jobguard/lease.hpp"
+#include "jobguard/lock.hpp"
+#include "jobguard/observe/event_log.hpp"
+#include "jobguard/observe/metrics.hpp"
+#include "jobguard/redis/client.hpp"
+#include "support/postgres_fixture.hpp"
+#include "support/redis_fixture.hpp"
+
+using namespace std::chrono_literals;
+using namespace jobguard;
+using job::Consequence;
+using job::Outcome;
+using job::RedisDownPolicy;
+
+namespace {
+
+class RunnerTest : public test::PostgresTest {
+ protected:
+  void SetUp() override {
+    server = std::make_unique<EmbeddedRedis>();
+    server->start();
+    client = std::make_unique<redis::Client>(options());
+    ASSERT_TRUE(client->wait_connected(5s));
+    locks = LockService::create(*client, KeyBuilder(prefix()));
+    leases = LeaseScheduler::create(locks);
+  }
+  void TearDown() override {
+    leases.reset();
+    locks.reset();
+    client.reset();
+    server.reset();
+  }
+
+  redis::ConnectionOptions options() const {
+    redis::ConnectionOptions o;
+    o.host = server->host();
+    o.port = server->port();
+    // Short: the Redis-down tests wait out one deadline per call.
+    o.connect_timeout = 300ms;
+    o.command_timeout = 300ms;
+    return o;
+  }
+
+  // Unique per test: classes are metric series and completion job kinds
+  // (the PostgreSQL table is shared by the whole binary).
+  static std::string cls_name() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    // Names are capped at 64 characters; test names fit once truncated.
+    return ("r." + std::string(info->name())).substr(0, 64);
+  }
+  static std::string prefix() { return "jgt"; }
+
+  job::LockClass low_class() const {
+    return job::LockClass{.name = cls_name(),
+                          .key_pattern = "invoice:{id}",
+                          .consequence = Consequence::low,
+                          .ttl = 5s,
+                          .owner = "tests",
+                          .protects = "a counter"};
+  }
+
+  observe::LockClassSnapshot metrics() const { return *observe::Registry::global().snapshot(cls_name()); }
+
+  std::unique_ptr<EmbeddedRedis> server;
+  std::unique_ptr<redis::Client> client;
+  std::shared_ptr<LockService> locks;
+  std::shared_ptr<LeaseScheduler> leases;
+};
+
+// Collects the runner's event lines.
+struct Lines {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  observe::EventLog log{observe::LogFormat::json, [this](std::string_view l) {
+                          std::lock_guard lk(mu);
+                          lines.emplace_back(l);
+                        }};
+  bool any(std::string_view needle) {
+    std::lock_guard lk(mu);
+    for (auto& l : lines)
+      if (l.find(needle) != std::string::npos) return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_F(RunnerTest, LowClassRunsOnceRecordsAndSkipsTheRetryWithALogLine) {
+  guard::RedisCompletionStore done(*client);
+  Lines lines;
+  job::GuardedRunner runner(leases, low_class(), {.completions = &done, .log = &lines.log});
+  int runs = 0;
+  std::string seen_key;
+  auto effect = [&](job::JobContext& ctx) {
+    ++runs;
+    seen_key = ctx.lock_key();
+    EXPECT_TRUE(ctx.guarded());
+    EXPECT_GT(ctx.safe_time_left(), 4s);
+    ctx.ensure();
+    return std::string("charged");
+  };
+  auto r1 = runner.run({.id = "48291", .run_id = "2026-11"}, effect);
+  EXPECT_EQ(r1.outcome, Outcome::completed) << r1.detail;
+  EXPECT_EQ(r1.result, "charged");
+  EXPECT_FALSE(r1.fail_open);
+  EXPECT_EQ(seen_key, "jgt:lock:{invoice:48291}");
+  // Released: the key is gone once the run returns.
+  EXPECT_EQ(client->exec({"EXISTS", seen_key}).integer, 0);
+
+  auto r2 = runner.run({.id = "48291", .run_id = "2026-11"}, effect);
+  EXPECT_EQ(r2.outcome, Outcome::already_done);
+  EXPECT_EQ(r2.result, "charged");
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(lines.any("\"event\":\"skipped\""));
+  EXPECT_TRUE(lines.any("\"outcome\":\"already_done\""));
+
+  // Another run id of the same unit is new work.
+  auto r3 = runner.run({.id = "48291", .run_id = "2026-12"}, effect);
+  EXPECT_EQ(r3.outcome, Outcome::completed);
+  EXPECT_EQ(runs, 2);
+}
+
+TEST_F(RunnerTest, BusyWhenAnotherWorkerHoldsTheLockAndNothingRuns) {
+  guard::RedisCompletionStore done(*client);
+  job::GuardedRunner runner(leases, low_class(), {.completions = &done});
+  auto other = locks->acquire("invoice:7", LockOptions{.ttl = 5s});
+  ASSERT_TRUE(other);
+  int runs = 0;
+  auto r = runner.run({.id = "7", .run_id = "r"}, [&](job::JobContext&) {
+    ++runs;
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::busy);
+  EXPECT_NE(r.detail.find("invoice:7"), std::string::npos) << r.detail;
+  EXPECT_EQ(runs, 0);
+  EXPECT_FALSE(done.find(cls_name(), "invoice:7", "r"));
+  EXPECT_TRUE(other->release());  // the runner did not touch the other worker's lock
+}
+
+TEST_F(RunnerTest, FailClosedWithRedisStoppedDoesNotRunAndSaysWhy) {
+  guard::RedisCompletionStore done(*client);
+  Lines lines;
+  auto cls = low_class();
+  cls.on_redis_down = RedisDownPolicy::fail_closed;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .log = &lines.log});
+  const auto before = observe::Registry::global().lock_class(cls_name()).redis_errors_total.value();
+  server->stop();
+  int runs = 0;
+  auto r = runner.run({.id = "1", .run_id = "r"}, [&](job::JobContext&) {
+    ++runs;
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::redis_unavailable) << r.detail;
+  EXPECT_FALSE(r.fail_open);
+  EXPECT_EQ(runs, 0);
+  EXPECT_GT(metrics().redis_errors_total, before);
+  EXPECT_EQ(metrics().fail_open_total, 0u);
+  EXPECT_TRUE(lines.any("redis_unavailable"));
+}
+
+TEST_F(RunnerTest, FailClosedLockClaimWithRedisStoppedAfterTheRecordCheck) {
+  // The record store is PostgreSQL (reachable); only the lock's Redis is
+  // down: the claim itself meets the outage and the class's policy decides.
+  guard::PgCompletionStore done(pg_options());
+  auto cls = low_class();
+  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  server->stop();
+  int runs = 0;
+  auto r = runner.run({.id = "2", .run_id = "r"}, [&](job::JobContext&) {
+    ++runs;
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::redis_unavailable);
+  EXPECT_NE(r.detail.find("fail-closed"), std::string::npos) << r.detail;
+  EXPECT_EQ(runs, 0);
+  EXPECT_FALSE(done.find(cls_name(), "invoice:2", "r"));
+}
+
+TEST_F(RunnerTest, FailOpenWithRedisStoppedRunsLoudlyCountsAndStillRecordsDurably) {
+  guard::PgCompletionStore done(pg_options());
+  Lines lines;
+  auto cls = low_class();
+  cls.on_redis_down = RedisDownPolicy::fail_open;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .log = &lines.log});
+  server->stop();
+  int runs = 0;
+  std::string idem;
+  auto effect = [&](job::JobContext& ctx) {
+    ++runs;
+    EXPECT_FALSE(ctx.guarded());
+    EXPECT_TRUE(ctx.lock_key().empty());
+    ctx.ensure();  // nothing to run out
+    idem = ctx.idempotency_key();
+    return std::string("ok");
+  };
+  auto r = runner.run({.id = "3", .run_id = "r"}, effect);
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_TRUE(r.fail_open);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(metrics().fail_open_total, 1u);
+  EXPECT_TRUE(lines.any("\"event\":\"fail_open\""));
+  EXPECT_TRUE(lines.any("WITHOUT the lock"));
+  // Derived without Redis, so the downstream can still dedupe.
+  EXPECT_EQ(idem, cls_name() + "/invoice:3/r");
+  // The durable record stops the retry even while Redis is still down.
+  auto again = runner.run({.id = "3", .run_id = "r"}, effect);
+  EXPECT_EQ(again.outcome, Outcome::already_done);
+  EXPECT_EQ(runs, 1);
+}
+
+TEST_F(RunnerTest, ModerateClaimsTheIdempotencyKeyAndReplaysOneACrashedWorkerCompleted) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
+  int runs = 0;
+  std::string key;
+  auto effect = [&](job::JobContext& ctx) {
+    ++runs;
+    key = ctx.idempotency_key();
+    EXPECT_EQ(ctx.idempotency_key("sub-9"), key + "/sub-9");
+    return std::string("ch_1");
+  };
+  auto r = runner.run({.id = "10", .run_id = "2026-11"}, effect);
+  ASSERT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_EQ(key, cls_name() + "/invoice:10/2026-11");
+  auto b = idem.begin(key, "2026-11", 1s);
+  EXPECT_EQ(b.status, guard::BeginStatus::completed);
+  EXPECT_EQ(b.result, "ch_1");
+
+  // A worker charged unit 11 and completed its key, then died before the
+  // completion record: the next run must not charge again.
+  const std::string k11 = cls_name() + "/invoice:11/2026-11";
+  auto c = idem.begin(k11, "2026-11", 5s);
+  ASSERT_EQ(c.status, guard::BeginStatus::claimed);
+  idem.complete(k11, c.owner, "ch_crashed");
+  auto r11 = runner.run({.id = "11", .run_id = "2026-11"}, effect);
+  EXPECT_EQ(r11.outcome, Outcome::already_done);
+  EXPECT_EQ(r11.result, "ch_crashed");
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(done.find(cls_name(), "invoice:11", "2026-11"));  // and the record is written now
+
+  // A failed effect frees its key at once: the retry runs without waiting out the claim.
+  bool fail = true;
+  auto flaky = [&](job::JobContext&) -> std::string {
+    if (fail) throw std::runtime_error("gateway 502");
+    return "ch_2";
+  };
+  auto f = runner.run({.id = "12", .run_id = "2026-11"}, flaky);
+  EXPECT_EQ(f.outcome, Outcome::failed);
+  EXPECT_NE(f.detail.find("gateway 502"), std::string::npos);
+  fail = false;
+  EXPECT_EQ(runner.run({.id = "12", .run_id = "2026-11"}, flaky).outcome, Outcome::completed);
+}
+
+TEST_F(RunnerTest, HighCommitsTheEffectAndItsRecordTogetherOrNeither) {
+  const std::string table = name("acct");
+  {
+    guard::PgConnection c(pg_options());
+    c.exec("CREATE TABLE " + table + " (id text PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL DEFAULT 0)");
+    c.exec("INSERT INTO " + table + " VALUES ('a', 0, 0), ('b', 0, 0)");
+  }
+  auto cls = low_class();
+  cls.consequence = Consequence::high;
+  job::GuardedRunner runner(leases, cls, {.postgres = pg_options()});
+  auto write = [&](job::JobContext& ctx) {
+    EXPECT_NE(ctx.transaction(), nullptr);
+    EXPECT_TRUE(ctx.fence().has_value());  // high: the Redis grant carries a fencing token
+    auto res = ctx.transaction()->fenced_update(
+        guard::FencedUpdate{.table = table, .assignments = "balance = balance + 10", .id = ctx.unit().id},
+        *ctx.fence());
+    if (!res.accepted()) throw Error(errc::stale_fence, "ledger refused the write");
+    if (ctx.unit().id == "b") throw std::runtime_error("provider said no after the write");
+    return std::string("+10");
+  };
+  auto ra = runner.run({.id = "a", .run_id = "r"}, write);
+  EXPECT_EQ(ra.outcome, Outcome::completed) << ra.detail;
+  EXPECT_TRUE(ra.fence.has_value());
+  auto rb = runner.run({.id = "b", .run_id = "r"}, write);
+  EXPECT_EQ(rb.outcome, Outcome::failed);
+
+  guard::PgConnection c(pg_options());
+  auto bal = c.exec("SELECT id, balance FROM " + table + " ORDER BY id");
+  EXPECT_EQ(bal.rows[0][1], std::optional<std::string>("10"));
+  EXPECT_EQ(bal.rows[1][1], std::optional<std::string>("0"));  // rolled back with its (absent) record
+  auto recs = c.exec("SELECT entity, result FROM jobguard_completions WHERE job_kind = $1 ORDER BY entity",
+                     {cls_name()});
+  ASSERT_EQ(recs.rows.size(), 1u);
+  EXPECT_EQ(recs.rows[0][0], std::optional<std::string>("invoice:a"));
+  EXPECT_EQ(recs.rows[0][1], std::optional<std::string>("+10"));
+
+  auto again = runner.run({.id = "a", .run_id = "r"}, write);
+  EXPECT_EQ(again.outcome, Outcome::already_done);
+  EXPECT_EQ(again.result, "+10");
+  EXPECT_EQ(c.exec("SELECT balance FROM " + table + " WHERE id = 'a'").rows[0][0], std::optional<std::string>("10"));
+}
+
+TEST_F(RunnerTest, HighWithAStaleFenceReportsStaleAndCountsIt) {
+  const std::string table = name("ledger");
+  {
+    guard::PgConnection c(pg_options());
+    // A newer holder already wrote with a token far in the future.
+    c.exec("CREATE TABLE " + table + " (id text PRIMARY KEY, v int NOT NULL, fence bigint NOT NULL)");
+    c.exec("INSERT INTO " + table + " VALUES ('s', 0, 9223372036854775000)");
+  }
+  auto cls = low_class();
+  cls.consequence = Consequence::high;
+  job::GuardedRunner runner(leases, cls, {.postgres = pg_options()});
+  auto r = runner.run({.id = "s", .run_id = "r"}, [&](job::JobContext& ctx) {
+    auto res = ctx.transaction()->fenced_update(
+        guard::FencedUpdate{.table = table, .assignments = "v = 1", .id = "s"},
+        *ctx.fence());
+    if (!res.accepted()) throw Error(errc::stale_fence, "ledger refused fence " + std::to_string(*ctx.fence()));
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::stale) << r.detail;
+  EXPECT_EQ(metrics().stale_writes_rejected_total, 1u);
+}
+
+TEST_F(RunnerTest, HighClassFailOpenIsStillSerialisedAndRecordedByPostgres) {
+  auto cls = low_class();
+  cls.consequence = Consequence::high;
+  cls.on_redis_down = RedisDownPolicy::fail_open;
+  job::GuardedRunner runner(leases, cls, {.postgres = pg_options()});
+  server->stop();
+  int runs = 0;
+  auto effect = [&](job::JobContext& ctx) {
+    ++runs;
+    EXPECT_FALSE(ctx.fence().has_value());
+    EXPECT_NE(ctx.transaction(), nullptr);
+    return std::string("x");
+  };
+  auto r = runner.run({.id = "h", .run_id = "r"}, effect);
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_TRUE(r.fail_open);
+  EXPECT_EQ(runner.run({.id = "h", .run_id = "r"}, effect).outcome, Outcome::already_done);
+  EXPECT_EQ(runs, 1);
+}
+
+TEST_F(RunnerTest, ChunkCheckpointsLetARunResumeAfterTheWorkerCrashed) {
+  char tmpl[] = "/tmp/jobguard-chunks-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string log = tmpl;
+  guard::PgCompletionStore done(pg_options());
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  cls.long_running = true;
+  cls.ttl = 600ms;
+  cls.hard_timeout = 60s;
+  cls.wait = 5s;  // the survivor waits out the dead worker's lock
+  const job::Unit unit{.id = "big", .run_id = "2026-11", .chunks = 10};
+  const auto conn = options();
+  const auto pg = pg_options();
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The worker that crashes: its own client and scheduler, a real process
+    // death (SIGKILL: no destructor, no release) in the middle of chunk 6.
+    redis::Client c(conn);
+    auto s = LeaseScheduler::create(LockService::create(c, KeyBuilder(prefix())));
+    guard::PgCompletionStore store(pg);
+    job::GuardedRunner r(s, cls, {.completions = &store});
+    r.run(unit, [&](job::JobContext& ctx) {
+      if (ctx.chunk() == 6) ::raise(SIGKILL);
+      std::ofstream(log, std::ios::app) << "A" << ctx.chunk() << "\n" << std::flush;
+      return std::string();
+    });
+    _exit(3);  // not reached
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "status " << st;
+
+  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  auto r = runner.run(unit, [&](job::JobContext& ctx) {
+    std::ofstream(log, std::ios::app) << "B" << ctx.chunk() << "\n" << std::flush;
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_EQ(r.chunks_skipped, 6);
+  EXPECT_EQ(r.chunks_run, 4);
+
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), "A0\nA1\nA2\nA3\nA4\nA5\nB6\nB7\nB8\nB9\n");
+  ::unlink(tmpl);
+  EXPECT_TRUE(done.find(cls_name(), "invoice:big", "2026-11"));
+  EXPECT_EQ(runner.run(unit, [](job::JobContext&) { return std::string(); }).outcome, Outcome::already_done);
+}
+
+TEST_F(RunnerTest, LostLeaseStopsAChunkedUnitBeforeTheNextChunk) {
+  guard::RedisCompletionStore done(*client);
+  auto cls = low_class();
+  cls.long_running = true;
+  cls.ttl = 3s;
+  cls.hard_timeout = 60s;
+  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  std::vector<int> ran;
+  auto r = runner.run({.id = "L", .run_id = "r", .chunks = 5}, [&](job::JobContext& ctx) {
+    ran.push_back(ctx.chunk());
+    if (ctx.chunk() == 1) {
+      // An operator force-releases the lock (or it expired during a pause).
+      client->exec({"DEL", ctx.lock_key()});
+      EXPECT_TRUE(test::eventually([&] { return ctx.stop_token().stop_requested(); }, 5s));
+    }
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::lease_lost) << r.detail;
+  EXPECT_EQ(ran, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(done.find(cls_name(), "invoice:L", "r#chunk-1"));  // chunk 1's effect ran: its checkpoint stands
+  EXPECT_FALSE(done.find(cls_name(), "invoice:L", "r"));
+}
+
+TEST_F(RunnerTest, HardTimeoutReportsTimedOut) {
+  guard::RedisCompletionStore done(*client);
+  auto cls = low_class();
+  cls.long_running = true;
+  cls.ttl = 3s;
+  cls.hard_timeout = 200ms;
+  cls.min_time_left = 10ms;
+  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  auto r = runner.run({.id = "T", .run_id = "r", .chunks = 50}, [&](job::JobContext& ctx) {
+    if (ctx.chunk() == 0) std::this_thread::sleep_for(400ms);
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::timed_out) << r.detail;
+  EXPECT_EQ(r.chunks_run, 1);
+}
+
+TEST_F(RunnerTest, ShortTtlIsCheckedBeforeTheSideEffect) {
+  guard::RedisCompletionStore done(*client);
+  auto cls = low_class();
+  cls.ttl = 300ms;
+  cls.min_time_left = 100ms;
+  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  std::vector<int> ran;
+  auto r = runner.run({.id = "S", .run_id = "r", .chunks = 3}, [&](job::JobContext& ctx) {
+    ran.push_back(ctx.chunk());
+    std::this_thread::sleep_for(150ms);  // chunk 1 starts with ~145 ms left, chunk 2 with none
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::lease_lost) << r.detail;
+  EXPECT_NE(r.detail.find("ms needed"), std::string::npos) << r.detail;
+  EXPECT_EQ(ran, (std::vector<int>{0, 1}));
+}
+
+TEST_F(RunnerTest, DeclarationsThatBreakTheDecisionMatrixAreRefused) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto expect_refused = [&](job::LockClass cls, job::RunnerBackends b, const std::string& needle) {
+    try {
+      job::GuardedRunner r(leases, cls, std::move(b));
+      ADD_FAILURE() << "accepted; wanted an error with " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::invalid_argument));
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto high = low_class();
+  high.consequence = Consequence::high;
+  expect_refused(high, {}, "needs PostgreSQL");
+  expect_refused(low_class(), {}, "needs a completion store");
+  expect_refused(low_class(), {.completions = &done, .idempotency = &idem}, "moderate row");
+  auto lr = low_class();
+  lr.long_running = true;
+  expect_refused(lr, {.completions = &done}, "hard_timeout");
+
+  job::GuardedRunner ok(leases, low_class(), {.completions = &done});
+  auto bad_unit = [&](job::Unit u, const std::string& needle) {
+    try {
+      ok.run(u, [](job::JobContext&) { return std::string(); });
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  bad_unit({.id = "", .run_id = "r"}, "without id");
+  bad_unit({.id = "x", .run_id = ""}, "without run_id");
+  bad_unit({.id = "a b", .run_id = "r"}, "invoice:a b");
+}
