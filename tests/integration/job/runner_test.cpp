@@ -35,6 +35,7 @@ namespace {
 class RunnerTest : public test::PostgresTest {
  protected:
   void SetUp() override {
+    ++iteration();
     server = std::make_unique<EmbeddedRedis>();
     server->start();
     client = std::make_unique<redis::Client>(options());
@@ -61,11 +62,18 @@ class RunnerTest : public test::PostgresTest {
 
   // Unique per test: classes are metric series and completion job kinds
   // (the PostgreSQL table is shared by the whole binary).
+  // (the PostgreSQL table is shared by the whole binary), and per iteration
+  // so --gtest_repeat starts from nothing.
+  static int& iteration() {
+    static int n = 0;
+    return n;
+  }
   static std::string cls_name() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     // Names are capped at 64 characters; test names fit once truncated.
-    return ("r." + std::string(info->name())).substr(0, 64);
+    return ("r" + std::to_string(iteration()) + "." + std::string(info->name())).substr(0, 64);
   }
+  static std::string table(const std::string& what) { return name(what + std::to_string(iteration())); }
   static std::string prefix() { return "jgt"; }
 
   job::LockClass low_class() const {
@@ -273,7 +281,7 @@ TEST_F(RunnerTest, ModerateClaimsTheIdempotencyKeyAndReplaysOneACrashedWorkerCom
 }
 
 TEST_F(RunnerTest, HighCommitsTheEffectAndItsRecordTogetherOrNeither) {
-  const std::string table = name("acct");
+  const std::string table = RunnerTest::table("acct");
   {
     guard::PgConnection c(pg_options());
     c.exec("CREATE TABLE " + table + " (id text PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL DEFAULT 0)");
@@ -315,7 +323,7 @@ TEST_F(RunnerTest, HighCommitsTheEffectAndItsRecordTogetherOrNeither) {
 }
 
 TEST_F(RunnerTest, HighWithAStaleFenceReportsStaleAndCountsIt) {
-  const std::string table = name("ledger");
+  const std::string table = RunnerTest::table("ledger");
   {
     guard::PgConnection c(pg_options());
     // A newer holder already wrote with a token far in the future.
