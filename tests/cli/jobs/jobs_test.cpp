@@ -1,0 +1,343 @@
+// `jobguard jobs` as operators run it: the real binary against a real
+// redis-server per test; `work` runs real CMD processes that append to a file,
+// which is the ground truth for "ran exactly once".
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "jobguard/redis/client.hpp"
+#include "support/redis_fixture.hpp"
+#include "support/subprocess.hpp"
+
+namespace jobguard::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+using nlohmann::json;
+
+class JobsCli : public RedisTest {
+ protected:
+  void SetUp() override {
+    RedisTest::SetUp();
+    char tmpl[] = "/tmp/jobguard-jobs-test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    stream_ = key("q");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    RedisTest::TearDown();
+  }
+
+  std::string url() const { return fmt::format("redis://{}:{}/0", server->host(), server->port()); }
+  std::string file(const std::string& name) const { return dir_ + "/" + name; }
+
+  // jobguard --redis URL [globals] jobs SUB ARGS
+  Args argv(const std::string& sub, const Args& args, const Args& globals = {}) const {
+    Args a{jobguard_binary(), "--redis", url()};
+    a.insert(a.end(), globals.begin(), globals.end());
+    a.push_back("jobs");
+    a.push_back(sub);
+    a.insert(a.end(), args.begin(), args.end());
+    return a;
+  }
+  SubprocessResult jobs(const std::string& sub, const Args& args, const Args& globals = {}) {
+    Subprocess p(argv(sub, args, globals));
+    return p.wait_or_kill(60s);
+  }
+  json jobs_json(const std::string& sub, const Args& args) {
+    const auto r = jobs(sub, args, {"--json"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return json::parse(r.out);
+  }
+  std::string add(const Args& fields) {
+    Args a{"--stream", stream_};
+    a.insert(a.end(), fields.begin(), fields.end());
+    return jobs_json("add", a).at("id").get<std::string>();
+  }
+  // `work` flags for this test's stream, then `-- CMD`.
+  Args work_args(const Args& flags, const Args& cmd) const {
+    Args a{"--stream", stream_, "--class", "t"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.push_back("--");
+    a.insert(a.end(), cmd.begin(), cmd.end());
+    return a;
+  }
+  // CMD that appends "<prefix><job's id field>" to `out`.
+  Args append_id(const std::string& out, const std::string& prefix = "") const {
+    return {"sh", "-c", "echo \"$1$JOBGUARD_FIELD_ID\" >> \"$0\"", out, prefix};
+  }
+  std::vector<std::string> lines(const std::string& path) const {
+    std::vector<std::string> out;
+    std::istringstream in(read_file(path));
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+  }
+  bool exists(const std::string& path) const { return std::filesystem::exists(path); }
+
+  std::string dir_, stream_;
+};
+
+int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+int count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (auto at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(JobsCli, AddThenLsShowsTheJobAndItsPendingDelivery) {
+  const auto id = add({"id=42", "note=[a,b] c"});
+  EXPECT_EQ(admin("XLEN " + stream_), "1");
+  // Fields are stored as typed (CLI11 must not split "[a,b]").
+  {
+    auto client = make_client();
+    const auto r = client->exec(redis::Command{"XRANGE", stream_, "-", "+"});
+    ASSERT_EQ(r.elements.size(), 1u);
+    const auto& f = r.elements[0].elements[1].elements;
+    ASSERT_EQ(f.size(), 4u);
+    EXPECT_EQ(f[0].str, "id");
+    EXPECT_EQ(f[1].str, "42");
+    EXPECT_EQ(f[2].str, "note");
+    EXPECT_EQ(f[3].str, "[a,b] c");
+  }
+
+  auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("length"), 1);
+  EXPECT_EQ(ls.at("pending"), 0);
+  EXPECT_EQ(ls.at("dead_letter_length"), 0);
+  EXPECT_EQ(ls.at("dead_letter_stream"), stream_ + ":dead");
+  EXPECT_TRUE(ls.at("pending_entries").empty());
+
+  // A consumer reads it without acknowledging: it is pending, held by that consumer.
+  admin("XREADGROUP GROUP jobguard c1 COUNT 1 STREAMS " + stream_ + " >");
+  ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("pending"), 1);
+  ASSERT_EQ(ls.at("pending_entries").size(), 1u);
+  const auto& e = ls.at("pending_entries")[0];
+  EXPECT_EQ(e.at("id"), id);
+  EXPECT_EQ(e.at("consumer"), "c1");
+  EXPECT_EQ(e.at("deliveries"), 1);
+  EXPECT_GE(e.at("idle_ms").get<std::int64_t>(), 0);
+
+  const auto human = jobs("ls", {"--stream", stream_});
+  EXPECT_EQ(human.status, 0) << human.err;
+  EXPECT_NE(human.out.find(id), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("c1"), std::string::npos) << human.out;
+}
+
+TEST_F(JobsCli, LsOfAStreamWithoutTheGroupDoesNotCreateIt) {
+  auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("group_exists"), false);
+  EXPECT_EQ(ls.at("length"), 0);
+  EXPECT_EQ(admin("EXISTS " + stream_), "0");
+}
+
+TEST_F(JobsCli, MalformedFieldIsAUsageErrorNamingIt) {
+  for (const std::string bad : {"novalue", "=v"}) {
+    const auto r = jobs("add", {"--stream", stream_, "ok=1", bad});
+    EXPECT_EQ(r.status, 64) << bad << ": " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("\"" + bad + "\""), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(admin("EXISTS " + stream_), "0");  // nothing was added
+}
+
+TEST_F(JobsCli, WorkUsageErrorsAre64NamingTheProblem) {
+  struct Case {
+    Args args;
+    std::string names;
+  };
+  const std::vector<Case> cases{
+      {{"--stream", stream_, "--class", "t", "--consequence", "severe", "--", "true"}, "--consequence"},
+      {{"--stream", stream_, "--class", "t", "--on-redis-down", "maybe", "--", "true"}, "--on-redis-down"},
+      {{"--stream", stream_, "--", "true"}, "--class"},
+      {{"--class", "t", "--", "true"}, "--stream"},
+      {{"--stream", stream_, "--class", "t"}, "CMD"},
+      {{"--stream", stream_, "--class", "t", "--claim-idle", "soon", "--", "true"}, "--claim-idle"},
+  };
+  for (const auto& c : cases) {
+    const auto r = jobs("work", c.args);
+    EXPECT_EQ(r.status, 64) << c.names << ": " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.names), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(JobsCli, UnreachableRedisIs69) {
+  const auto marker = file("ran");
+  server->stop();
+  for (const auto& [sub, args] : std::vector<std::pair<std::string, Args>>{
+           {"add", {"--stream", "q", "id=1"}},
+           {"ls", {"--stream", "q"}},
+           {"dead", {"--stream", "q"}},
+           {"work", work_args({}, {"sh", "-c", "echo > " + marker})}}) {
+    const auto r = jobs(sub, args);
+    EXPECT_EQ(r.status, 69) << sub << ": " << r.err;
+    EXPECT_NE(r.err.find("cannot reach Redis"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(exists(marker));
+}
+
+TEST_F(JobsCli, WorkersRunEachJobExactlyOnceAndSeeTheirEnvironment) {
+  const auto out = file("out");
+  for (int i = 1; i <= 10; ++i) add({fmt::format("id={}", i), "run=2026-11"});
+  // Two workers share the stream; each job runs once, in one of them.
+  Subprocess a(argv("work", work_args({"--consumer", "a", "--exit-when-idle", "1s"}, append_id(out)), {"--json"}));
+  Subprocess b(argv("work", work_args({"--consumer", "b", "--exit-when-idle", "1s"}, append_id(out)), {"--json"}));
+  const auto ra = a.wait_or_kill(60s);
+  const auto rb = b.wait_or_kill(60s);
+  ASSERT_EQ(ra.status, 0) << ra.err;
+  ASSERT_EQ(rb.status, 0) << rb.err;
+  auto got = lines(out);
+  std::sort(got.begin(), got.end(), [](const auto& x, const auto& y) { return std::stoi(x) < std::stoi(y); });
+  std::vector<std::string> want;
+  for (int i = 1; i <= 10; ++i) want.push_back(std::to_string(i));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(json::parse(ra.out).at("completed").get<int>() + json::parse(rb.out).at("completed").get<int>(), 10);
+  EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending"), 0);
+
+  // The environment CMD sees.
+  const auto env = file("env");
+  const auto id = add({"id=77", "run=r1", "odd-name.x=v"});
+  const auto r = jobs("work", work_args({"--max-jobs", "1", "--consequence", "low"},
+                                        {"sh", "-c",
+                                         "printf '%s\\n' \"$JOBGUARD_JOB_ID\" \"$JOBGUARD_KEY\" "
+                                         "\"$JOBGUARD_IDEMPOTENCY_KEY\" \"$JOBGUARD_FIELD_ODD_NAME_X\" "
+                                         "\"${JOBGUARD_FENCE-unset}\" > \"$0\"",
+                                         env}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(env), (std::vector<std::string>{id, "jobguard:lock:{t:77}", "t/t:77/r1", "v", "unset"}));
+}
+
+TEST_F(JobsCli, MaxJobsStopsAfterNFinishedJobs) {
+  const auto out = file("out");
+  for (int i = 1; i <= 3; ++i) add({fmt::format("id={}", i)});
+  const auto r = jobs("work", work_args({"--max-jobs", "2"}, append_id(out)), {"--log-format", "json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(out), (std::vector<std::string>{"1", "2"}));
+  EXPECT_EQ(count(r.err, "\"event\":\"job\""), 2) << r.err;  // one line per job
+  EXPECT_EQ(admin("XLEN " + stream_), "3");
+  EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending"), 0);  // the third was never read
+}
+
+TEST_F(JobsCli, StalledJobIsReclaimedAfterItsWorkerIsKilled) {
+  const auto out = file("out"), started = file("started");
+  add({"id=5"});
+  // Worker A takes the job; its CMD records its process group, then hangs.
+  Subprocess a(argv("work", work_args({"--consumer", "A", "--ttl", "1s"},
+                                      {"sh", "-c",
+                                       "echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; sleep 30; echo \"A$JOBGUARD_FIELD_ID\" >> \"$1\"",
+                                       started, out})));
+  ASSERT_TRUE(eventually([&] { return exists(started); }, 20s)) << a.err();
+  const pid_t cmd_group = std::stoi(read_file(started));
+  // A dies without a word; CMD lives in its own process group, so it is killed
+  // too, or it would finish the job behind the test's back.
+  a.signal(SIGKILL);
+  ASSERT_EQ(::kill(-cmd_group, SIGKILL), 0);
+  a.wait_or_kill(10s);
+  EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending_entries")[0].at("consumer"), "A");
+
+  // B takes it over once it has been idle for --claim-idle; A's lock expires
+  // by its TTL (B meanwhile finds it busy and leaves the job pending).
+  const auto r = jobs("work", work_args({"--consumer", "B", "--ttl", "1s", "--claim-idle", "300ms", "--max-attempts",
+                                         "50", "--max-jobs", "1"},
+                                        append_id(out, "B")),
+                      {"--log-format", "json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(out), std::vector<std::string>{"B5"});
+  EXPECT_NE(r.err.find("\"reclaimed\":true"), std::string::npos) << r.err;
+  const auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("pending"), 0);
+  EXPECT_EQ(ls.at("dead_letter_length"), 0);
+}
+
+TEST_F(JobsCli, FailingJobIsDeadLetteredAfterMaxAttemptsWithItsLastError) {
+  const auto out = file("out");
+  const auto id = add({"id=7", "what=refund"});
+  const auto r = jobs("work", work_args({"--max-attempts", "2", "--claim-idle", "200ms", "--max-jobs", "1"},
+                                        {"sh", "-c", "echo \"$JOBGUARD_FIELD_ID\" >> \"$0\"; exit 3", out}),
+                      {"--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(out), (std::vector<std::string>{"7", "7"}));  // two attempts, then no more
+  const auto summary = json::parse(r.out);
+  EXPECT_EQ(summary.at("failed"), 2);
+  EXPECT_EQ(summary.at("dead_lettered"), 1);
+
+  const auto dead = jobs_json("dead", {"--stream", stream_});
+  ASSERT_EQ(dead.at("entries").size(), 1u);
+  const auto& d = dead.at("entries")[0];
+  EXPECT_EQ(d.at("source_id"), id);
+  EXPECT_EQ(d.at("last_error"), "exit status 3");
+  EXPECT_EQ(d.at("attempts"), 2);
+  EXPECT_EQ(d.at("fields"), (json{{"id", "7"}, {"what", "refund"}}));
+  const auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("pending"), 0);
+  EXPECT_EQ(ls.at("dead_letter_length"), 1);
+
+  const auto human = jobs("dead", {"--stream", stream_});
+  EXPECT_NE(human.out.find("exit status 3"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("what=refund"), std::string::npos) << human.out;
+}
+
+TEST_F(JobsCli, CompletedJobDeliveredAgainIsSkipped) {
+  const auto out = file("out");
+  add({"id=9", "run=2026-11"});
+  auto r = jobs("work", work_args({"--max-jobs", "1"}, append_id(out)));
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The producer sends it again (a retry, a replayed stream): same unit, same run.
+  add({"id=9", "run=2026-11"});
+  r = jobs("work", work_args({"--max-jobs", "1"}, append_id(out)), {"--json", "--log-format", "json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(out), std::vector<std::string>{"9"});  // ran once
+  EXPECT_EQ(json::parse(r.out).at("skipped"), 1);
+  EXPECT_NE(r.err.find("\"event\":\"skipped\""), std::string::npos) << r.err;
+  EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending"), 0);  // acknowledged
+
+  // A new run of the same unit does run.
+  add({"id=9", "run=2026-12"});
+  r = jobs("work", work_args({"--max-jobs", "1"}, append_id(out)));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(out), (std::vector<std::string>{"9", "9"}));
+}
+
+TEST_F(JobsCli, JobWithoutIdFieldFailsWithThatError) {
+  add({"name=x"});
+  const auto r = jobs("work", work_args({"--max-attempts", "1", "--max-jobs", "1"}, {"true"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto dead = jobs_json("dead", {"--stream", stream_});
+  ASSERT_EQ(dead.at("entries").size(), 1u);
+  EXPECT_EQ(dead.at("entries")[0].at("last_error"), "job has no field \"id\"");
+}
+
+TEST_F(JobsCli, SigtermStopsTheWorkerAndItsCmdAndLeavesTheJobPending) {
+  const auto started = file("started"), out = file("out");
+  add({"id=3"});
+  Subprocess w(argv("work", work_args({"--grace", "5s"},
+                                      {"sh", "-c",
+                                       "echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; sleep 30; echo done >> \"$1\"",
+                                       started, out})));
+  ASSERT_TRUE(eventually([&] { return exists(started); }, 20s)) << w.err();
+  const pid_t cmd = std::stoi(read_file(started));
+  w.signal(SIGTERM);
+  const auto r = w.wait_or_kill(30s);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(eventually([&] { return process_gone(cmd); }, 10s));
+  EXPECT_FALSE(exists(out));
+  const auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("pending"), 1);  // comes back to another worker after claim-idle
+  EXPECT_EQ(ls.at("dead_letter_length"), 0);
+}
+
+}  // namespace
+}  // namespace jobguard::test
