@@ -377,7 +377,16 @@ class Worker {
         continue;
       }
       ++jobs_;
-      handle(source, runner, cls, *job);
+      try {
+        handle(source, runner, cls, *job);
+      } catch (const Error& e) {
+        // Redis went away between the run and its ack/fail: the job stays
+        // pending and comes back; the worker keeps going.
+        if (next_step_for(e.code()) != next_step::retry_call) throw;
+        ++left_pending_;
+        log_.emit(observe::Event{.event = "error", .job_id = job->id, .lock_class = cls.name,
+                                 .outcome = "redis_unavailable", .extra = {{"message", std::string(e.what())}}});
+      }
       last_job = steady_clock::now();
     }
     if (g_.json)
