@@ -36,7 +36,7 @@ nlohmann::json run_json(const job::BillingRunResult& r) {
           {"ideal_makespan_s", r.ideal_makespan_s}};
 }
 
-void print_table(const job::BillingDemoResult& res) {
+void print_table(const job::BillingDemoResult& res, bool postgres) {
   const auto& g = res.guarded;
   const auto& n = res.naive;
   auto vs = [](const job::BillingRunResult& r) {
@@ -48,8 +48,11 @@ void print_table(const job::BillingDemoResult& res) {
       "(charge 200 ms avg, slowest 1% 8 s, times scaled)\n",
       res.subscriptions, res.workers, res.chunk, res.scale);
   out += fmt::format("Faults in both runs: a worker killed after charging, before its ack; a worker paused past its "
-                     "TTL; {}\n\n",
+                     "TTL; {}\n",
                      res.redis_restarted ? "a Redis restart without persistence" : "(no Redis restart: external Redis)");
+  out += fmt::format("Guarded run: GuardedRunner, lock class 'billing' (moderate, long-running, fenced, fail-closed); "
+                     "completion records in {}\n\n",
+                     postgres ? "PostgreSQL" : "an in-process stand-in for PostgreSQL (give --postgres URL for the real one)");
   out += fmt::format("  {:<34} {:>18} {:>18}\n", "", "guarded", "naive");
   out += fmt::format("  {:<34} {:>18} {:>18}\n", "double charges", g.double_charges, n.double_charges);
   out += fmt::format("  {:<34} {:>18} {:>18}\n", "missing subscriptions", g.missing, n.missing);
@@ -76,6 +79,8 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
   o.workers = a.workers;
   o.subscriptions = a.subscriptions;
   o.scale = a.scale;
+  // The durable completion records of the guarded run.
+  if (root->get_option("--postgres")->count() > 0) o.postgres_url = g.postgres_url;
   std::optional<EmbeddedRedis> embedded;
   if (root->get_option("--redis")->count() > 0) {
     o.redis_url = g.redis_url;
@@ -105,6 +110,7 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
                      {"chunk", res.chunk},
                      {"scale", res.scale},
                      {"redis_restarted", res.redis_restarted},
+                     {"completion_store", o.postgres_url.empty() ? "memory" : "postgres"},
                      {"guarded", run_json(res.guarded)},
                      {"naive", run_json(res.naive)},
                      {"metrics",
@@ -116,7 +122,7 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
                        {"redis_errors", res.redis_errors}}}};
     std::fputs((j.dump(2) + "\n").c_str(), stdout);
   } else {
-    print_table(res);
+    print_table(res, !o.postgres_url.empty());
   }
   return exit_code::ok;
 }
@@ -131,7 +137,9 @@ JOBGUARD_COMMAND([](CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*,
   sub->add_option("--scale", args->scale, "Multiplies every charge time (200 ms avg, slowest 1% 8 s)")
       ->capture_default_str()
       ->check(CLI::Range(0.0001, 10.0));
-  sub->footer("Starts a private redis-server unless --redis is given (then the Redis restart fault is skipped).");
+  sub->footer(
+      "Starts a private redis-server unless --redis is given (then the Redis restart fault is skipped).\n"
+      "With --postgres URL the guarded run keeps its completion records in PostgreSQL (migrated first).");
   CLI::App* rootp = &root;
   out.emplace_back(sub, [rootp, &g, args] { return demo(rootp, g, *args); });
 });

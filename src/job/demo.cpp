@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/post.hpp>
+#include <fmt/format.h>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -19,6 +20,9 @@
 #include "jobguard/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
+#include "jobguard/guard/postgres.hpp"
+#include "jobguard/job/lock_class.hpp"
+#include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
@@ -172,6 +176,7 @@ struct Faults {
 struct RunConfig {
   bool guarded = false;
   std::string prefix;  // keys of this run
+  std::string run_id;  // completion records and idempotency keys of this run
   std::string lock_class;
   milliseconds ttl{0};
   milliseconds min_left{0};
@@ -184,14 +189,15 @@ struct RunConfig {
 class Run {
  public:
   Run(RunConfig cfg, const BillingDemoOptions& opts, const Workload& work, const Faults& faults,
-      redis::ConnectionOptions conn)
+      redis::ConnectionOptions conn, guard::CompletionStore* completions)
       : cfg_(std::move(cfg)),
         opts_(opts),
         work_(work),
         faults_(faults),
         conn_(std::move(conn)),
         provider_(opts.subscriptions),
-        chunks_((opts.subscriptions + opts.chunk - 1) / opts.chunk) {
+        chunks_((opts.subscriptions + opts.chunk - 1) / opts.chunk),
+        completions_(completions) {
     admin_ = std::make_unique<redis::Client>(conn_);
     producer_ = std::make_unique<StreamSource>(*admin_, cfg_.stream);
   }
@@ -237,21 +243,39 @@ class Run {
   }
 
  private:
+  // The guarded producer asks the completion records (durable: they outlive
+  // the Redis restart); the naive one only knows what it saw acknowledged.
   bool is_done(int c) {
-    if (cfg_.guarded) return completions_.find("billing", "chunk:" + std::to_string(c), kPeriod).has_value();
+    if (cfg_.guarded) return completions_->find(cfg_.lock_class, resource(c), cfg_.run_id).has_value();
     std::lock_guard lk(mu_);
-    return naive_done_.count(c) > 0;
+    return done_set_.count(c) > 0;
   }
 
+  // Progress only: the completion records are the runner's.
   void mark_done(int c) {
     bool fresh;
-    if (cfg_.guarded) {
-      fresh = completions_.record("billing", "chunk:" + std::to_string(c), kPeriod, "demo", "").recorded;
-    } else {
+    {
       std::lock_guard lk(mu_);
-      fresh = naive_done_.insert(c).second;
+      fresh = done_set_.insert(c).second;
     }
     if (fresh && done_.fetch_add(1) + 1 == chunks_) finished_at_ = Clock::now();
+  }
+
+  static std::string resource(int c) { return "billing:chunk:" + std::to_string(c); }
+
+  LockClass guarded_class() const {
+    return LockClass{.name = cfg_.lock_class,
+                     .key_pattern = "billing:chunk:{id}",
+                     .consequence = Consequence::moderate,  // a charge is retryable under its idempotency key
+                     .on_redis_down = RedisDownPolicy::fail_closed,
+                     .ttl = cfg_.ttl,
+                     .wait = cfg_.acquire_wait,
+                     .long_running = true,  // the slowest chunks outlive a TTL: renew, with a hard timeout
+                     .hard_timeout = cfg_.hard_timeout,
+                     .fenced = true,  // the ledger checks the token
+                     .min_time_left = cfg_.min_left,
+                     .owner = "billing-demo",
+                     .protects = "one charge per subscription per period, and its ledger entry"};
   }
 
   void worker(int w) {
@@ -261,11 +285,13 @@ class Run {
     redis::Client* client = admin_.get();
     std::shared_ptr<LockService> locks;
     std::shared_ptr<LeaseScheduler> leases;
+    std::unique_ptr<GuardedRunner> runner;
     if (cfg_.guarded) {
       own = std::make_unique<redis::Client>(conn_);
       client = own.get();
       locks = LockService::create(*client, KeyBuilder(cfg_.prefix));
       leases = LeaseScheduler::create(locks);
+      runner = std::make_unique<GuardedRunner>(leases, guarded_class(), RunnerBackends{.completions = completions_});
     } else {
       std::call_once(naive_locks_once_, [&] { naive_locks_ = LockService::create(*admin_, KeyBuilder(cfg_.prefix)); });
       locks = naive_locks_;
@@ -286,7 +312,7 @@ class Run {
       if (job->reclaimed) ++reclaimed_;
       try {
         if (cfg_.guarded)
-          guarded_job(source, *job, *leases, *client);
+          guarded_job(source, *job, *runner, *client);
         else
           naive_job(source, *job, *locks);
       } catch (const Error&) {
@@ -315,61 +341,73 @@ class Run {
 
   bool first_time(std::atomic<bool>& flag) { return !flag.exchange(true); }
 
-  void guarded_job(StreamSource& source, const StreamJob& job, LeaseScheduler& leases, redis::Client& client) {
+  // The guarded run is the runner's: claim (a fenced, renewing lease), the
+  // effect (a charge per subscription under its idempotency key, each ledger
+  // write fenced), the completion record; the demo only injects faults and
+  // turns outcomes into stream acknowledgements.
+  void guarded_job(StreamSource& source, const StreamJob& job, GuardedRunner& runner, redis::Client& client) {
     const int c = std::stoi(job.field("chunk"));
-    if (is_done(c)) {
-      // A completed unit is skipped on a retry (a duplicate from the re-fill
-      // after the restart, or a delivery whose ack was lost).
-      ++skipped_;
-      source.ack(job.id);
-      return;
-    }
-    LockOptions lo;
-    lo.ttl = cfg_.ttl;
-    lo.wait = cfg_.acquire_wait;
-    lo.fence = true;
-    lo.job_id = "billing-chunk-" + std::to_string(c);
-    lo.lock_class = cfg_.lock_class;
-    LeaseOptions leo;
-    leo.hard_timeout = cfg_.hard_timeout;
-    auto lease = leases.acquire("billing:chunk:" + std::to_string(c), lo, leo);
-    if (!lease) return;  // a live holder still works on it: it stays pending
-    const std::int64_t fence = *lease->fence();
-    auto [first, last] = range(c);
-    auto deadline = Clock::now();
-    for (int s = first; s < last; ++s) {
-      try {
-        lease->ensure(cfg_.min_left);
-      } catch (const Error&) {
-        ++abandoned_;  // lost: restart the attempt elsewhere; no ack, no record
-        return;
+    const Unit unit{.id = std::to_string(c), .run_id = cfg_.run_id, .job_id = "billing-chunk-" + std::to_string(c)};
+    bool crashed = false;
+    auto r = runner.run(unit, [&](JobContext& ctx) {
+      const std::int64_t fence = *ctx.fence();
+      auto [first, last] = range(c);
+      auto deadline = Clock::now();
+      for (int s = first; s < last; ++s) {
+        ctx.ensure(cfg_.min_left);  // a lost lease stops before the next charge
+        const std::string key = ctx.idempotency_key("sub:" + std::to_string(s));
+        if (provider_.charge(s, &key)) spend(deadline, s);
+        if (c == faults_.pause_chunk && s - first == faults_.pause_at && first_time(paused_)) {
+          // The whole "process" stops (a GC pause, SIGSTOP, a VM migration):
+          // this thread and the client's event loop, so nothing renews the
+          // lease. Blocking the loop is the fault being injected.
+          auto d = faults_.pause;
+          boost::asio::post(client.get_executor(), [d] { std::this_thread::sleep_for(d); });
+          std::this_thread::sleep_for(d);
+        }
+        if (!provider_.write_ledger(s, fence))
+          throw Error(errc::stale_fence, fmt::format("ledger refused fence {} for subscription {}", fence, s));
       }
-      const std::string key = "sub:" + std::to_string(s) + ":" + kPeriod;
-      if (provider_.charge(s, &key)) spend(deadline, s);
-      if (c == faults_.pause_chunk && s - first == faults_.pause_at && first_time(paused_)) {
-        // The whole "process" stops (a GC pause, SIGSTOP, a VM migration):
-        // this thread and the client's event loop, so nothing renews the
-        // lease. Blocking the loop is the fault being injected.
-        auto d = faults_.pause;
-        boost::asio::post(client.get_executor(), [d] { std::this_thread::sleep_for(d); });
-        std::this_thread::sleep_for(d);
+      if (c == faults_.kill_chunk && first_time(killed_)) {
+        // Killed after the charges, before the completion record and the
+        // ack: no record, no ack; the job comes back after XAUTOCLAIM's idle
+        // time and its charges replay by their idempotency keys.
+        crashed = true;
+        throw std::runtime_error("worker killed (injected fault)");
       }
-      if (!provider_.write_ledger(s, fence)) {
-        observe::Registry::global().lock_class(cfg_.lock_class).stale_writes_rejected_total.inc();
+      return std::string();
+    });
+    switch (r.outcome) {
+      case Outcome::completed:
+        mark_done(c);
+        source.ack(job.id);
+        break;
+      case Outcome::already_done:
+        // A completed unit is skipped on a retry (a duplicate from the
+        // re-fill after the restart, or a delivery whose ack was lost).
+        ++skipped_;
+        mark_done(c);
+        source.ack(job.id);
+        break;
+      case Outcome::busy:
+        break;  // a live holder still works on it: it stays pending
+      case Outcome::lease_lost:
+      case Outcome::timed_out:
+      case Outcome::stale:
+        ++abandoned_;  // restart the attempt elsewhere; no ack, no record
+        break;
+      case Outcome::redis_unavailable:
+      case Outcome::postgres_unavailable:
         ++abandoned_;
-        return;
-      }
+        std::this_thread::sleep_for(milliseconds(20));
+        break;
+      case Outcome::failed:
+        if (!crashed) {
+          ++abandoned_;
+          if (source.fail(job, r.detail)) ++dead_;
+        }
+        break;
     }
-    if (c == faults_.kill_chunk && first_time(killed_)) {
-      // Killed after the charges, before the completion record and the ack.
-      // (A killed process would leave its lock to expire; dropping the lease
-      // here releases it instead. The job is still only retried after
-      // XAUTOCLAIM's idle time, so the outcome is the same.)
-      return;
-    }
-    mark_done(c);
-    lease->release();
-    source.ack(job.id);
   }
 
   void naive_job(StreamSource& source, const StreamJob& job, LockService& locks) {
@@ -407,9 +445,9 @@ class Run {
   std::unique_ptr<StreamSource> producer_;
   std::shared_ptr<LockService> naive_locks_;
   std::once_flag naive_locks_once_;
-  MemoryCompletionStore completions_;
+  guard::CompletionStore* completions_;
   std::mutex mu_;
-  std::set<int> naive_done_;
+  std::set<int> done_set_;
   std::atomic<int> done_{0};
   std::atomic<bool> stop_{false}, killed_{false}, paused_{false};
   std::atomic<std::int64_t> reclaimed_{0}, skipped_{0}, abandoned_{0}, dead_{0};
@@ -464,6 +502,7 @@ BillingDemoResult run_billing_demo(const BillingDemoOptions& opts) {
   RunConfig g;
   g.guarded = true;
   g.prefix = "jgdemo-g-" + tag;
+  g.run_id = std::string(kPeriod) + "/" + tag;
   g.lock_class = opts.lock_class;
   g.ttl = guarded_ttl;
   g.min_left = std::max(milliseconds(20), ms(work.slow * 2));
@@ -492,8 +531,22 @@ BillingDemoResult run_billing_demo(const BillingDemoOptions& opts) {
   reg.lock_class(opts.lock_class);
   const auto before = *reg.snapshot(opts.lock_class);
 
-  Run guarded(g, opts, work, faults, conn);
-  Run naive(n, opts, work, faults, conn);
+  // Completion records: PostgreSQL when given (durable, what a team would
+  // run), else an in-process store standing in for it. Not Redis: a
+  // Redis-backed store would be wiped by the very restart the demo injects.
+  MemoryCompletionStore memory_store;
+  std::unique_ptr<guard::PgCompletionStore> pg_store;
+  guard::CompletionStore* store = &memory_store;
+  if (!opts.postgres_url.empty()) {
+    guard::PgOptions pg;
+    pg.url = opts.postgres_url;
+    guard::pg_migrate(pg);
+    pg_store = std::make_unique<guard::PgCompletionStore>(pg);
+    store = pg_store.get();
+  }
+
+  Run guarded(g, opts, work, faults, conn, store);
+  Run naive(n, opts, work, faults, conn, nullptr);
   guarded.enqueue_missing();
   naive.enqueue_missing();
   guarded.start();

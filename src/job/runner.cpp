@@ -286,7 +286,7 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   LockOptions lo;
   lo.ttl = cls_.ttl;
   lo.wait = cls_.wait;
-  lo.fence = cls_.consequence == Consequence::high;
+  lo.fence = cls_.fenced || cls_.consequence == Consequence::high;
   lo.job_id = a.job_id;
   lo.lock_class = cls_.name;
   try {

@@ -72,6 +72,9 @@ struct LockClass {
   // the TTL, checked before every side effect.
   bool long_running = false;
   std::chrono::milliseconds hard_timeout{0};
+  // Every grant carries a fencing token (JobContext::fence) for a downstream
+  // that checks it. Always on for high classes; opt-in for the others.
+  bool fenced = false;
   // A side effect (or a chunk) starts only with at least this much safe lock
   // time left (JobContext::ensure). Default 0 = ttl / 5.
   std::chrono::milliseconds min_time_left{0};
