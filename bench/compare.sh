@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# bench/compare.sh [--seconds S] [--workers N] [--peers]
+# bench/compare.sh [--seconds S] [--workers N] [--rounds R] [--connections "1 2"] [--peers]
 # One sitting, one private redis-server pinned to core 0, every client pinned to
 # core 1, measured back to back:
 #   1. redis-benchmark -c N -P 1 SET (the single-client-core wall),
-#   2. jobguard bench (raw SET NX PX, raw pair, lock pair through the library),
+#   2. jobguard bench (raw SET NX PX, raw pair, lock pair through the library;
+#      the pair and lock halves alternate R rounds), once per connection count
+#      (1 = what the Node peers use; 2 lets the server work on one connection's
+#      batch while the client handles the other's),
 #   3. with --peers: the Node.js plain ioredis pattern and node-redlock.
 # Prints one JSON object with every figure and the ratios the issues quote.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-seconds=3 workers=64 peers=0
+seconds=3 workers=64 peers=0 rounds=3 conns="1 2"
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --connections) conns=$2; shift 2 ;;
     --peers) peers=1; shift ;;
     *) echo "compare.sh: unknown option $1" >&2; exit 64 ;;
   esac
@@ -30,7 +35,15 @@ requests=$(( seconds * 100000 ))
 rb=$(taskset -c 1 redis-benchmark -p "$port" -c "$workers" -P 1 -n "$requests" -r 10000000 -t set --csv 2>/dev/null \
      | awk -F'","' '/"SET"/ {gsub(/"/,"",$2); print $2}')
 redis-cli -p "$port" flushall >/dev/null
-jgjson=$(taskset -c 1 "$jg" --redis "$url" --json bench --workers "$workers" --seconds "$seconds")
+jgjson='{'
+sep=''
+for c in $conns; do
+  redis-cli -p "$port" flushall >/dev/null
+  one=$(taskset -c 1 "$jg" --redis "$url" --json bench --workers "$workers" --seconds "$seconds" --rounds "$rounds" --connections "$c")
+  jgjson="$jgjson$sep\"$c\":$one"
+  sep=','
+done
+jgjson="$jgjson}"
 peerjson='null'
 if [ "$peers" = 1 ]; then
   bash "$root/bench/peers/install.sh" >/dev/null
@@ -44,12 +57,17 @@ import json, sys
 rb = float(sys.argv[1] or 0)
 jg = json.loads(sys.argv[2])
 peers = json.loads(sys.argv[3])
-out = {"redis_benchmark_set_per_s": rb, "jobguard": jg,
-       "raw_vs_redis_benchmark": jg["raw"]["ops_per_s"] / rb if rb else None,
-       "lock_vs_raw_pair": jg.get("ratio")}
+# Keyed by connection count.
+out = {"redis_benchmark_set_per_s": rb, "jobguard": jg, "ratios": {}}
+for c, j in jg.items():
+    r = {"raw_vs_redis_benchmark": j["raw"]["ops_per_s"] / rb if rb else None,
+         "lock_vs_raw_pair": j.get("ratio"),
+         "lock_vs_raw_pair_rounds": [x["ratio"] for x in j.get("rounds", [])]}
+    if peers:
+        r["lock_vs_ioredis_plain"] = j["lock"]["ops_per_s"] / peers["plain"]["ops_per_s"]
+        r["lock_vs_node_redlock"] = j["lock"]["ops_per_s"] / peers["redlock"]["ops_per_s"]
+    out["ratios"][c + "_connection" + ("s" if c != "1" else "")] = r
 if peers:
     out["peers"] = peers
-    out["lock_vs_ioredis_plain"] = jg["lock"]["ops_per_s"] / peers["plain"]["ops_per_s"]
-    out["lock_vs_node_redlock"] = jg["lock"]["ops_per_s"] / peers["redlock"]["ops_per_s"]
 print(json.dumps(out, indent=1))
 PY

@@ -41,6 +41,22 @@ struct SharedStats {
   std::atomic<int> connected{0};
 };
 
+// Every caller-visible completion passes here first (the multiplexer's hook,
+// or directly for calls refused before reaching it).
+void account(void* ctx, std::error_code& ec, const Reply& reply) {
+  auto* st = static_cast<SharedStats*>(ctx);
+  if (!ec && reply.is_error()) ec = detail::classify_error_reply(reply);
+  st->commands.fetch_add(1, std::memory_order_relaxed);
+  if (ec) st->errors.fetch_add(1, std::memory_order_relaxed);
+  if (ec == errc::timeout) st->timeouts.fetch_add(1, std::memory_order_relaxed);
+}
+
+void refuse(SharedStats* st, Completion& done, std::error_code ec, const std::string& detail) {
+  Reply r = Reply::error_reply(detail);
+  account(st, ec, r);
+  done(ec, std::move(r));
+}
+
 // One multiplexed connection. Lives on the event-loop thread only; every
 // asynchronous operation holds a shared_ptr to it, so it outlives its handlers.
 // It never refers back to the Client: the client may be gone while aborted
@@ -64,6 +80,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto timeout = opts_.command_timeout;
     sweep_tick_ = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                         std::chrono::milliseconds(10));
+    mux_.set_hook(&account, stats_.get());
   }
 
   void start() { connect(); }
@@ -72,16 +89,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool ready() const noexcept { return state_ == State::ready; }
 
   void submit(Multiplexer::Request r) {
-    if (state_ == State::closed) {
-      r.done(make_error_code(errc::shutdown), Reply::error_reply("client is shutting down"));
-      return;
-    }
+    if (state_ == State::closed) return refuse(stats_.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
     // A misconfiguration (bad password, certificate rejected) will not fix
     // itself in the next few seconds: fail fast instead of at the deadline.
-    if (state_ != State::ready && last_error_code_ && next_step_for(last_error_code_) == next_step::stop) {
-      r.done(last_error_code_, Reply::error_reply(last_error_));
-      return;
-    }
+    if (state_ != State::ready && last_error_code_ && next_step_for(last_error_code_) == next_step::stop)
+      return refuse(stats_.get(), r.done, last_error_code_, last_error_);
     mux_.enqueue(std::move(r));
     arm_sweep();
     schedule_write();
@@ -473,25 +485,16 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     detail::Multiplexer::Request r;
     r.payload = std::move(payload);
     r.deadline = Clock::now() + timeout;
-    // A raw pointer, not a shared_ptr copy (an atomic round trip per call):
-    // every connection holds the stats, and only connections run completions.
-    SharedStats* st = stats.get();
-    r.done = [st, done = std::move(done)](std::error_code ec, Reply reply) mutable {
-      if (!ec && reply.is_error()) ec = detail::classify_error_reply(reply);
-      st->commands.fetch_add(1, std::memory_order_relaxed);
-      if (ec) st->errors.fetch_add(1, std::memory_order_relaxed);
-      if (ec == errc::timeout) st->timeouts.fetch_add(1, std::memory_order_relaxed);
-      done(ec, std::move(reply));
-    };
-    if (closed.load()) {
-      r.done(make_error_code(errc::shutdown), Reply::error_reply("client is shutting down"));
-      return;
-    }
+    // The caller's completion goes in as is; the connection's multiplexer
+    // classifies error replies and counts the call (account()) before it.
+    r.done = std::move(done);
+    if (closed.load()) return refuse(stats.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
     if (on_loop()) {
       pick().submit(std::move(r));
     } else {
       asio::post(*ctx, [this, keep = shared_from_this(), r = std::move(r)]() mutable {
-        if (closed.load()) return r.done(make_error_code(errc::shutdown), Reply::error_reply("client is shutting down"));
+        if (closed.load())
+          return refuse(stats.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
         pick().submit(std::move(r));
       });
     }
@@ -570,24 +573,18 @@ Command make_eval(bool by_sha, const Script& script, const std::vector<std::stri
 void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
                         Completion done, CallOptions opts) {
   std::string payload = make_eval(true, script, keys, args).payload();
-  // EVAL differs from EVALSHA only in its first two arguments, so the NOSCRIPT
-  // fallback keeps just the encoded tail (numkeys, keys, args) instead of
-  // copies of the vectors: this runs on every lock acquire and release.
-  const std::size_t n = 2 + 1 + keys.size() + args.size();
-  // "*<n>\r\n" + "$7\r\nEVALSHA\r\n" + "$40\r\n<sha1>\r\n"
-  const std::size_t head = 1 + std::to_string(n).size() + 2 + 13 + 5 + 40 + 2;
-  std::string tail = payload.substr(head);
+  // The NOSCRIPT fallback needs the keys and arguments again: the vectors
+  // move into the completion (no copy; a copy of the encoded tail was an
+  // allocation on every lock acquire and release).
   impl_->submit(
       std::move(payload),
-      [impl = impl_, sp = &script, n, tail = std::move(tail), done = std::move(done), opts](std::error_code ec,
-                                                                                         Reply r) mutable {
+      [impl = impl_, sp = &script, keys = std::move(keys), args = std::move(args), done = std::move(done),
+       opts](std::error_code ec, Reply r) mutable {
         if (ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
           // The script cache was flushed (SCRIPT FLUSH, restart, failover):
           // EVAL runs it and loads it again for the next EVALSHA. The script is
           // referenced, not copied: scripts are long-lived (see the header).
-          std::string eval = fmt::format("*{}\r\n$4\r\nEVAL\r\n${}\r\n", n, sp->source().size());
-          eval.append(sp->source()).append("\r\n").append(tail);
-          impl->submit(std::move(eval), std::move(done), opts);
+          impl->submit(make_eval(false, *sp, keys, args).payload(), std::move(done), opts);
           return;
         }
         done(ec, std::move(r));

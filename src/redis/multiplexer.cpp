@@ -93,7 +93,7 @@ const std::string& Multiplexer::prepare_write(bool internal_only) {
   while (!queued_.empty() && (!internal_only || queued_.front().internal)) {
     Request& r = queued_.front();
     write_buf_.append(r.payload);
-    in_flight_.push_back(InFlight{std::move(r.done), r.deadline});
+    in_flight_.push_back(InFlight{std::move(r.done), r.deadline, r.internal});
     queued_.pop_front();
     ++last_batch_;
   }
@@ -112,8 +112,9 @@ std::error_code Multiplexer::feed(const char* data, std::size_t n) {
     std::unique_ptr<Reply> reply(static_cast<Reply*>(raw));
     if (in_flight_.empty()) return make_error_code(errc::protocol_error);  // unsolicited reply
     Completion done = std::move(in_flight_.front().done);
+    const bool internal = in_flight_.front().internal;
     in_flight_.pop_front();
-    if (done) done(std::error_code{}, std::move(*reply));  // empty when it already timed out
+    if (done) finish(done, internal, std::error_code{}, std::move(*reply));  // empty when it already timed out
   }
 }
 
@@ -124,13 +125,13 @@ void Multiplexer::fail_in_flight(std::error_code ec, const std::string& detail) 
   writing_ = false;
   reset_reader();
   for (auto& f : failed)
-    if (f.done) f.done(ec, Reply::error_reply(detail));
+    if (f.done) finish(f.done, f.internal, ec, Reply::error_reply(detail));
 }
 
 void Multiplexer::fail_queued(std::error_code ec, const std::string& detail) {
   std::deque<Request> failed;
   failed.swap(queued_);
-  for (auto& r : failed) r.done(ec, Reply::error_reply(detail));
+  for (auto& r : failed) finish(r.done, r.internal, ec, Reply::error_reply(detail));
 }
 
 void Multiplexer::fail_all(std::error_code ec, const std::string& detail) {
@@ -141,16 +142,16 @@ void Multiplexer::fail_all(std::error_code ec, const std::string& detail) {
 
 std::size_t Multiplexer::expire(Clock::time_point now, std::error_code ec, const std::string& detail) {
   if (now < min_deadline_) return 0;
-  std::vector<Completion> expired;
+  std::vector<std::pair<Completion, bool>> expired;
   auto next = Clock::time_point::max();
   for (auto& f : in_flight_) {
     if (!f.done) continue;
-    if (f.deadline <= now) expired.push_back(std::move(f.done)), f.done = nullptr;
+    if (f.deadline <= now) expired.emplace_back(std::move(f.done), f.internal), f.done = nullptr;
     else next = std::min(next, f.deadline);
   }
   for (auto it = queued_.begin(); it != queued_.end();) {
     if (it->deadline <= now) {
-      expired.push_back(std::move(it->done));
+      expired.emplace_back(std::move(it->done), it->internal);
       it = queued_.erase(it);
     } else {
       next = std::min(next, it->deadline);
@@ -158,7 +159,7 @@ std::size_t Multiplexer::expire(Clock::time_point now, std::error_code ec, const
     }
   }
   min_deadline_ = next;
-  for (auto& done : expired) done(ec, Reply::error_reply(detail));
+  for (auto& [done, internal] : expired) finish(done, internal, ec, Reply::error_reply(detail));
   return expired.size();
 }
 

@@ -83,11 +83,28 @@ class Multiplexer {
   // Drops parser state (after a reconnect: a half-read reply is garbage).
   void reset_reader();
 
+  // Runs before every non-internal completion, on the same thread, and may
+  // rewrite the error code (the client classifies error replies and counts
+  // calls here). A plain function pointer: wrapping every caller's
+  // completion in another std::function cost an allocation per command.
+  using Hook = void (*)(void* ctx, std::error_code& ec, const Reply& reply);
+  void set_hook(Hook hook, void* ctx) noexcept {
+    hook_ = hook;
+    hook_ctx_ = ctx;
+  }
+
  private:
   struct InFlight {
     Completion done;  // empty once expired
     Clock::time_point deadline;
+    bool internal = false;
   };
+  void finish(Completion& done, bool internal, std::error_code ec, Reply r) {
+    if (hook_ && !internal) hook_(hook_ctx_, ec, r);
+    done(ec, std::move(r));
+  }
+  Hook hook_ = nullptr;
+  void* hook_ctx_ = nullptr;
 
   std::deque<Request> queued_;
   std::deque<InFlight> in_flight_;

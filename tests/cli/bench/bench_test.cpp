@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,35 @@ class BenchCli : public RedisTest {
     EXPECT_EQ(c["errors"].get<std::uint64_t>(), 0u);
   }
 };
+
+TEST_F(BenchCli, ThroughputJsonHasRawLockRatioAndTheAlternatingRounds) {
+  auto r = run_jobguard({"--redis", url(), "--json", "bench", "--workers", "4", "--seconds", "0.2", "--rounds", "3",
+                         "--connections", "2"},
+                        60s);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  for (const char* half : {"raw", "raw_pair", "lock"}) {
+    ASSERT_TRUE(j.contains(half)) << j.dump();
+    for (const char* k : {"ops_per_s", "p50_us", "p99_us", "errors"})
+      EXPECT_TRUE(j[half].contains(k)) << half << "." << k << " missing: " << j.dump();
+    EXPECT_GT(j[half]["ops_per_s"].get<double>(), 0) << half;
+    EXPECT_EQ(j[half]["errors"].get<std::uint64_t>(), 0u) << half;
+    EXPECT_LE(j[half]["p50_us"].get<double>(), j[half]["p99_us"].get<double>()) << half;
+  }
+  EXPECT_EQ(j["connections"].get<int>(), 2);
+  ASSERT_EQ(j["rounds"].size(), 3u);
+  std::vector<double> ratios;
+  for (const auto& round : j["rounds"]) ratios.push_back(round["ratio"].get<double>());
+  std::sort(ratios.begin(), ratios.end());
+  EXPECT_DOUBLE_EQ(j["ratio"].get<double>(), ratios[1]) << "the ratio is the median round's";
+}
+
+TEST_F(BenchCli, BadRoundsIsAUsageError) {
+  auto r = run_jobguard({"--redis", url(), "bench", "--rounds", "0"}, 30s);
+  EXPECT_EQ(r.status, 64);
+  EXPECT_NE(r.err.find("--rounds"), std::string::npos) << r.err;
+}
 
 TEST_F(BenchCli, FairContentionServesEveryWorkerAndReportsTheShape) {
   auto j = contention({"--fair"});
