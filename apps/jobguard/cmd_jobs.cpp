@@ -363,8 +363,8 @@ class Worker {
       try {
         job = source.next(a_.consumer);
       } catch (const Error& e) {
-        // A Redis outage mid-run: keep trying (the jobs wait in the stream),
-        // but say so, once per failure.
+        // A Redis outage mid-run: keep trying every 500 ms (the jobs wait in
+        // the stream), with a log line per failed try so the outage is seen.
         if (next_step_for(e.code()) != next_step::retry_call) throw;
         log_.emit(observe::Event{.event = "error", .lock_class = cls.name, .outcome = "redis_unavailable",
                                  .extra = {{"message", std::string(e.what())}}});

@@ -320,6 +320,34 @@ TEST_F(JobsCli, JobWithoutIdFieldFailsWithThatError) {
   EXPECT_EQ(dead.at("entries")[0].at("last_error"), "job has no field \"id\"");
 }
 
+// A CMD that outlives its lock would run beside the next holder: it is stopped
+// when the lease's hard timeout passes, or when a plain lock's TTL runs out.
+TEST_F(JobsCli, CmdOutlivingItsLockIsStoppedAndTheJobStaysPending) {
+  struct Case {
+    Args flags;
+    std::string outcome;
+  };
+  const std::vector<Case> cases{
+      {{"--timeout", "300ms"}, "timed_out"},
+      {{"--consequence", "low", "--ttl", "300ms"}, "lease_lost"},
+  };
+  for (const auto& c : cases) {
+    const auto out = file("out-" + c.outcome);
+    add({"id=" + c.outcome});
+    Args flags{"--grace", "100ms", "--exit-when-idle", "300ms"};
+    flags.insert(flags.end(), c.flags.begin(), c.flags.end());
+    const auto r = jobs("work", work_args(flags, {"sh", "-c", "sleep 30; echo done >> \"$0\"", out}),
+                        {"--log-format", "json"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("\"outcome\":\"" + c.outcome + "\""), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("\"action\":\"left_pending\""), std::string::npos) << r.err;
+    EXPECT_FALSE(exists(out));
+  }
+  const auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("pending"), 2);
+  EXPECT_EQ(ls.at("dead_letter_length"), 0);
+}
+
 TEST_F(JobsCli, SigtermStopsTheWorkerAndItsCmdAndLeavesTheJobPending) {
   const auto started = file("started"), out = file("out");
   add({"id=3"});
