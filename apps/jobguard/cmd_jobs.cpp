@@ -56,7 +56,8 @@ constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consum
                      [--consequence low|moderate] [--on-redis-down fail-closed|fail-open]
                      [--ttl 30s] [--timeout DUR] [--claim-idle 30s] [--max-attempts 5]
                      [--id-field id] [--run-field run] [--key-pattern CLASS:{id}]
-                     [--grace 10s] [--max-jobs N] [--exit-when-idle DUR] -- CMD [ARGS...]
+                     [--grace 10s] [--fence] [--max-jobs N] [--exit-when-idle DUR]
+                     -- CMD [ARGS...]
 
 add   appends one job (XADD) and prints its id ({"id":...} with --json).
 ls    the stream's length, the group's pending jobs (id, consumer, idle time,
@@ -76,7 +77,7 @@ work  takes jobs one at a time and runs CMD for each, guarded as the lock
         JOBGUARD_JOB_ID           the stream entry id
         JOBGUARD_KEY              the Redis key of the lock (empty when fail-open)
         JOBGUARD_IDEMPOTENCY_KEY  class/resource/run_id: pass it downstream
-        JOBGUARD_FENCE            the fencing token, when the lock has one
+        JOBGUARD_FENCE            the fencing token (with --fence)
         JOBGUARD_FIELD_<NAME>     each job field (NAME upper-cased, other than
                                   A-Z and 0-9 -> '_')
       CMD exits 0: the job is acknowledged. Non-zero: the attempt failed; after
@@ -272,6 +273,7 @@ struct WorkArgs {
   std::string id_field = "id", run_field = "run";
   std::string key_pattern;
   std::string grace = "10s";
+  bool fence = false;
   std::int64_t max_jobs = 0;
   std::string exit_when_idle;
   std::vector<std::string> cmd;
@@ -317,6 +319,7 @@ class Worker {
       cls.long_running = true;
       cls.hard_timeout = duration_flag(a_.timeout, "--timeout");
     }
+    cls.fenced = a_.fence;
     cls.owner = "jobguard jobs work";
     cls.protects = fmt::format("CMD `{}` for each job of stream {}", a_.cmd.front(), a_.stream);
     cls.validate();
@@ -686,6 +689,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   work->add_option("--grace", w->grace, "Time between SIGTERM and SIGKILL when stopping CMD")
       ->check(duration_validator())
       ->capture_default_str();
+  work->add_flag("--fence", w->fence, "Every grant carries a fencing token, exported as JOBGUARD_FENCE");
   work->add_option("--max-jobs", w->max_jobs, "Exit after N jobs finished: acknowledged or dead-lettered (0: no limit)")->capture_default_str();
   work->add_option("--exit-when-idle", w->exit_when_idle, "Exit after DUR without a job")->check(duration_validator());
   work->add_option("CMD", w->cmd, "The command and its arguments, after --")->required();

@@ -218,6 +218,14 @@ TEST_F(JobsCli, WorkersRunEachJobExactlyOnceAndSeeTheirEnvironment) {
                                          env}));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(lines(env), (std::vector<std::string>{id, "jobguard:lock:{t:77}", "t/t:77/r1", "v", "unset"}));
+
+  add({"id=78"});
+  const auto fenced = jobs("work", work_args({"--max-jobs", "1", "--fence"},
+                                             {"sh", "-c", "echo \"$JOBGUARD_FENCE\" > \"$0\"", env}));
+  ASSERT_EQ(fenced.status, 0) << fenced.err;
+  const auto fence = lines(env);
+  ASSERT_EQ(fence.size(), 1u);
+  EXPECT_GT(std::stoll(fence[0]), 0);
 }
 
 TEST_F(JobsCli, MaxJobsStopsAfterNFinishedJobs) {
