@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <limits>
+#include <thread>
 
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
@@ -448,12 +449,14 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
   bool idem_ok = use_idem;
   if (use_idem) {
     try {
-      auto b = b_.idempotency->begin(ctx.idem_key_, a.fingerprint, cls_.long_running ? cls_.hard_timeout : cls_.ttl);
-      switch (b.status) {
-        case guard::BeginStatus::claimed:
+      for (int round = 0;; ++round) {
+        auto b =
+            b_.idempotency->begin(ctx.idem_key_, a.fingerprint, cls_.long_running ? cls_.hard_timeout : cls_.ttl);
+        if (b.status == guard::BeginStatus::claimed) {
           owner = b.owner;
           break;
-        case guard::BeginStatus::completed:
+        }
+        if (b.status == guard::BeginStatus::completed) {
           // The effect ran and its key completed, but the completion record
           // was not written (a crash between the two): record it now.
           r.result = b.result;
@@ -466,14 +469,31 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
             return false;
           }
           return true;
-        case guard::BeginStatus::in_progress:
+        }
+        if (b.status == guard::BeginStatus::in_progress) {
+          // We hold the unit's lock, so the claim's owner lost its lock or
+          // died; a crashed worker's claim passes about when its lock
+          // expired, i.e. just about now. Waiting for it once (within our own
+          // lock time) beats answering busy: every busy answer costs the job
+          // a delivery, and enough of them dead-letter it.
+          const auto room = ctx.guarded_ ? ctx.safe_time_left() - cls_.effective_min_time_left() : cls_.wait;
+          const auto nap = b.lease_left + milliseconds(20);
+          if (round == 0 && nap <= room) {
+            emit(a, "idempotency_wait", "in_progress",
+                 fmt::format("key {} held by {} for {} ms more", ctx.idem_key_, b.owner, b.lease_left.count()));
+            std::this_thread::sleep_for(nap);
+            if (ctx.guarded_) ctx.ensure();
+            continue;
+          }
           throw StepVerdict{Outcome::busy,
-                            fmt::format("idempotency key {} is in progress by {}", ctx.idem_key_, b.owner), {}};
-        case guard::BeginStatus::fingerprint_conflict:
-          throw StepVerdict{Outcome::failed,
-                            fmt::format("idempotency key {} was used for a different request (fingerprint {})",
-                                        ctx.idem_key_, b.stored_fingerprint),
+                            fmt::format("idempotency key {} is in progress by {} for {} ms more", ctx.idem_key_,
+                                        b.owner, b.lease_left.count()),
                             {}};
+        }
+        throw StepVerdict{Outcome::failed,
+                          fmt::format("idempotency key {} was used for a different request (fingerprint {})",
+                                      ctx.idem_key_, b.stored_fingerprint),
+                          {}};
       }
     } catch (const Error& e) {
       if (!a.fail_open || !redis_down(e)) throw;
@@ -495,6 +515,14 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
       }
     }
     throw;
+  }
+  if (ctx.guarded_ && ctx.safe_time_left().count() <= 0) {
+    // The effect finished, but past the time the lock was certainly ours:
+    // another worker may have run it too. The record is still written (it
+    // states a fact, and stops a third run); the overrun is said loudly.
+    emit(a, "overran_lock", "warning",
+         fmt::format("the effect of {} ended after its lock's safe time: another worker may have run it too", run_id));
+    if (r.detail.empty()) r.detail = fmt::format("{}: the effect outlived its lock", run_id);
   }
   if (idem_ok) b_.idempotency->complete(ctx.idem_key_, owner, result);
   try {

@@ -280,6 +280,55 @@ TEST_F(RunnerTest, ModerateClaimsTheIdempotencyKeyAndReplaysOneACrashedWorkerCom
   EXPECT_EQ(runner.run({.id = "12", .run_id = "2026-11"}, flaky).outcome, Outcome::completed);
 }
 
+TEST_F(RunnerTest, ModerateWaitsOutTheClaimOfAWorkerThatDiedMidEffect) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  Lines lines;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem, .log = &lines.log});
+  // The dead worker's claim: it began the effect and never came back. Its
+  // lock is gone (expired); its claim passes in 300 ms.
+  const std::string key = cls_name() + "/invoice:20/2026-11";
+  ASSERT_EQ(idem.begin(key, "2026-11", 300ms).status, guard::BeginStatus::claimed);
+  int runs = 0;
+  auto r = runner.run({.id = "20", .run_id = "2026-11"}, [&](job::JobContext&) {
+    ++runs;
+    return std::string("ch_20");
+  });
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(lines.any("idempotency_wait"));
+
+  // A live claim that outlasts our lock time is busy, not waited for.
+  const std::string k21 = cls_name() + "/invoice:21/2026-11";
+  ASSERT_EQ(idem.begin(k21, "2026-11", 60s).status, guard::BeginStatus::claimed);
+  auto busy = runner.run({.id = "21", .run_id = "2026-11"}, [&](job::JobContext&) {
+    ++runs;
+    return std::string();
+  });
+  EXPECT_EQ(busy.outcome, Outcome::busy);
+  EXPECT_NE(busy.detail.find("in progress"), std::string::npos) << busy.detail;
+  EXPECT_EQ(runs, 1);
+}
+
+TEST_F(RunnerTest, AnEffectThatOutlivesItsLockIsRecordedAndSaidLoudly) {
+  guard::RedisCompletionStore done(*client);
+  Lines lines;
+  auto cls = low_class();
+  cls.ttl = 200ms;
+  cls.min_time_left = 10ms;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .log = &lines.log});
+  auto r = runner.run({.id = "slow", .run_id = "r"}, [&](job::JobContext&) {
+    std::this_thread::sleep_for(300ms);
+    return std::string("late");
+  });
+  EXPECT_EQ(r.outcome, Outcome::completed);
+  EXPECT_NE(r.detail.find("outlived its lock"), std::string::npos) << r.detail;
+  EXPECT_TRUE(lines.any("overran_lock"));
+  EXPECT_TRUE(done.find(cls_name(), "invoice:slow", "r"));  // the record states the fact and stops a third run
+}
+
 TEST_F(RunnerTest, HighCommitsTheEffectAndItsRecordTogetherOrNeither) {
   const std::string table = RunnerTest::table("acct");
   {
