@@ -323,21 +323,27 @@ void LockService::async_release(const std::string& resource, const std::string& 
                                 std::function<void(std::error_code, bool)> done, bool fair) {
   // A fair lock passes its queue key (same hash slot) so the release can name
   // the queue's head; a plain lock does not pay for the extra key and read.
-  std::vector<std::string> keys = {keys_.lock_key(resource)};
-  if (fair) keys.push_back(keys_.queue_key(resource));
-  client_.async_eval(lock_release_script(), std::move(keys), {token, keys_.channel(resource)},
-                     [done = std::move(done)](std::error_code ec, redis::Reply r) {
-                       if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
-                     });
+  const std::string key = keys_.lock_key(resource);
+  const std::string channel = keys_.channel(resource);
+  auto on_reply = [done = std::move(done)](std::error_code ec, redis::Reply r) {
+    if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+  };
+  if (fair) {
+    const std::string queue = keys_.queue_key(resource);
+    client_.async_eval_views(lock_release_script(), {key, queue}, {token, channel}, std::move(on_reply));
+  } else {
+    client_.async_eval_views(lock_release_script(), {key}, {token, channel}, std::move(on_reply));
+  }
 }
 
 void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
                                std::function<void(std::error_code, bool)> done) {
-  std::vector<std::string> keys = {keys_.lock_key(resource)};
-  client_.async_eval(script_extend(), std::move(keys), {token, std::to_string(ttl.count())},
-                     [done = std::move(done)](std::error_code ec, redis::Reply r) {
-                       if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
-                     });
+  const std::string key = keys_.lock_key(resource);
+  const std::string ms = std::to_string(ttl.count());
+  client_.async_eval_views(script_extend(), {key}, {token, ms},
+                           [done = std::move(done)](std::error_code ec, redis::Reply r) {
+                             if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+                           });
 }
 
 // --- Lock ---------------------------------------------------------------------

@@ -61,9 +61,9 @@ std::string make_token(std::string_view job_id) {
     return std::string(buf);
   }();
   // The pid is read every time: a forked child must not claim its parent's.
-  std::string t = host;
-  t.reserve(host.size() + job_id.size() + 48);
-  t.append(1, '/').append(std::to_string(me)).append(1, '/').append(job_id).append(1, '#');
+  std::string t;
+  t.reserve(host.size() + job_id.size() + 48);  // one allocation, not a copy then a regrow
+  t.append(host).append(1, '/').append(std::to_string(me)).append(1, '/').append(job_id).append(1, '#');
   static constexpr char digits[] = "0123456789abcdef";
   for (unsigned char c : rnd) {
     t.push_back(digits[c >> 4]);

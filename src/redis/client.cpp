@@ -1,6 +1,8 @@
 #include "jobguard/redis/client.hpp"
 
 #include <fmt/format.h>
+
+#include <charconv>
 #include <openssl/ssl.h>
 
 #include <atomic>
@@ -552,7 +554,7 @@ asio::any_io_executor Client::get_executor() const noexcept { return impl_->ctx-
 bool Client::running_in_loop_thread() const noexcept { return impl_->on_loop(); }
 
 void Client::async_exec(Command cmd, Completion done, CallOptions opts) {
-  impl_->submit(cmd.payload(), std::move(done), opts);
+  impl_->submit(std::move(cmd).take_payload(), std::move(done), opts);
 }
 
 namespace {
@@ -572,7 +574,7 @@ Command make_eval(bool by_sha, const Script& script, const std::vector<std::stri
 
 void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
                         Completion done, CallOptions opts) {
-  std::string payload = make_eval(true, script, keys, args).payload();
+  std::string payload = make_eval(true, script, keys, args).take_payload();
   // The NOSCRIPT fallback needs the keys and arguments again: the vectors
   // move into the completion (no copy; a copy of the encoded tail was an
   // allocation on every lock acquire and release).
@@ -584,7 +586,66 @@ void Client::async_eval(const Script& script, std::vector<std::string> keys, std
           // The script cache was flushed (SCRIPT FLUSH, restart, failover):
           // EVAL runs it and loads it again for the next EVALSHA. The script is
           // referenced, not copied: scripts are long-lived (see the header).
-          impl->submit(make_eval(false, *sp, keys, args).payload(), std::move(done), opts);
+          impl->submit(make_eval(false, *sp, keys, args).take_payload(), std::move(done), opts);
+          return;
+        }
+        done(ec, std::move(r));
+      },
+      opts);
+}
+
+namespace {
+void append_bulk(std::string& out, std::string_view s) {
+  char head[24];
+  head[0] = '$';
+  auto r = std::to_chars(head + 1, head + sizeof head - 2, s.size());
+  *r.ptr++ = '\r';
+  *r.ptr++ = '\n';
+  out.append(head, static_cast<std::size_t>(r.ptr - head)).append(s).append("\r\n", 2);
+}
+}  // namespace
+
+void Client::async_eval_views(const Script& script, std::initializer_list<std::string_view> keys,
+                              std::initializer_list<std::string_view> args, Completion done, CallOptions opts) {
+  // EVAL differs from EVALSHA only in its first two arguments: encode the
+  // common tail (numkeys, keys, args) once, and keep it for the NOSCRIPT
+  // fallback. Two strings per call instead of the vectors and their copies.
+  std::size_t size = 32;
+  for (auto k : keys) size += k.size() + 16;
+  for (auto a : args) size += a.size() + 16;
+  std::string tail;
+  tail.reserve(size);
+  char nk[24];
+  const auto nke = std::to_chars(nk, nk + sizeof nk, keys.size()).ptr;
+  append_bulk(tail, std::string_view(nk, static_cast<std::size_t>(nke - nk)));
+  for (auto k : keys) append_bulk(tail, k);
+  for (auto a : args) append_bulk(tail, a);
+  const std::size_t n = 3 + keys.size() + args.size();
+  auto head = [n](std::string& out, std::string_view verb, std::string_view body) {
+    char buf[24];
+    buf[0] = '*';
+    auto r = std::to_chars(buf + 1, buf + sizeof buf - 2, n);
+    *r.ptr++ = '\r';
+    *r.ptr++ = '\n';
+    out.append(buf, static_cast<std::size_t>(r.ptr - buf));
+    append_bulk(out, verb);
+    append_bulk(out, body);
+  };
+  std::string payload;
+  payload.reserve(tail.size() + 80);
+  head(payload, "EVALSHA", script.sha1());
+  payload.append(tail);
+  impl_->submit(
+      std::move(payload),
+      [impl = impl_, sp = &script, head, tail = std::move(tail), done = std::move(done), opts](std::error_code ec,
+                                                                                          Reply r) mutable {
+        if (ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
+          // See async_eval: EVAL runs the script and reloads it.
+          std::string eval;
+          eval.reserve(sp->source().size() + tail.size() + 32);
+          head(eval, "EVAL", sp->source());
+          eval.append(tail);
+          impl->submit(std::move(eval), std::move(done), opts);
           return;
         }
         done(ec, std::move(r));

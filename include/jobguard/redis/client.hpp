@@ -22,7 +22,9 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -75,6 +77,10 @@ class Client {
   // alive until `done` runs (scripts are long-lived values: keep them static).
   void async_eval(const Script& script, std::vector<std::string> keys,
                   std::vector<std::string> args, Completion done, CallOptions opts = {});
+  // The same for keys and arguments the caller holds as views (the lock's
+  // release and extend): encoded straight into the request, no vectors.
+  void async_eval_views(const Script& script, std::initializer_list<std::string_view> keys,
+                        std::initializer_list<std::string_view> args, Completion done, CallOptions opts = {});
 
   // Asio completion-token form: `co_await async_exec(client, cmd, use_awaitable)`
   // returns the Reply or throws jobguard::Error.

@@ -17,6 +17,8 @@ class Command {
 
   // The encoded RESP bytes.
   const std::string& payload() const noexcept { return payload_; }
+  // Moves the encoded bytes out (the client's submit path: no copy per call).
+  std::string take_payload() && noexcept { return std::move(payload_); }
   // The command name as given ("SET"), for errors and metrics.
   const std::string& name() const noexcept { return name_; }
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -175,6 +177,28 @@ TEST_F(RedisClient, MalformedUrlsFailBeforeAnyConnectionIsTried) {
   const Error e = error_of([&] { Client c(o); });
   EXPECT_EQ(e.code(), errc::tls_error);
   EXPECT_NE(std::string(e.what()).find("no-such-ca.pem"), std::string::npos) << e.what();
+}
+
+TEST_F(RedisClient, EvalFromViewsEncodesLikeEvalAndSurvivesAScriptFlush) {
+  auto c = make_client();
+  const Script join("return #KEYS .. ':' .. table.concat(KEYS, ',') .. ':' .. table.concat(ARGV, ',')");
+  auto call = [&](std::initializer_list<std::string_view> keys, std::initializer_list<std::string_view> args) {
+    std::promise<Reply> p;
+    c->async_eval_views(join, keys, args, [&p](std::error_code ec, Reply r) {
+      if (ec) r.str = "error: " + ec.message() + " " + r.str;
+      p.set_value(std::move(r));
+    });
+    return p.get_future().get().str;
+  };
+  // Binary-safe and empty arguments, no keys, several keys: the same bytes as async_eval.
+  EXPECT_EQ(call({"k1", "k2"}, {"a", "", std::string_view("b\r\nc", 4)}), "2:k1,k2:a,,b\r\nc");
+  EXPECT_EQ(call({}, {"x"}), "0::x");
+  EXPECT_EQ(admin("SCRIPT FLUSH"), "OK");
+  EXPECT_EQ(call({"k3"}, {"y"}), "1:k3:y");  // NOSCRIPT, then EVAL with the same tail
+  ASSERT_EQ(admin("CONFIG RESETSTAT"), "OK");
+  EXPECT_EQ(call({"k4"}, {}), "1:k4:");
+  const std::string stats = admin("INFO commandstats");
+  EXPECT_NE(stats.find("cmdstat_evalsha:calls=1,"), std::string::npos) << stats;
 }
 
 TEST_F(RedisClient, NoscriptAfterScriptFlushIsTransparentAndTheNextCallGoesBySha) {
