@@ -7,7 +7,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "support/redis_fixture.hpp"
+#include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 
 namespace jobguard::test {
@@ -15,9 +15,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class BenchCli : public RedisTest {
+class BenchCli : public CliTest {
  protected:
-  std::string url() const { return fmt::format("redis://{}:{}/0", server->host(), server->port()); }
 
   nlohmann::json contention(std::vector<std::string> flags) {
     std::vector<std::string> args{"--redis", url(), "--json", "bench", "--contention", "--seconds", "1"};

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "jobguard/redis/client.hpp"
-#include "support/redis_fixture.hpp"
+#include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 
 namespace jobguard::test {
@@ -24,23 +24,12 @@ using namespace std::chrono_literals;
 using Args = std::vector<std::string>;
 using nlohmann::json;
 
-class JobsCli : public RedisTest {
+class JobsCli : public CliTest {
  protected:
   void SetUp() override {
-    RedisTest::SetUp();
-    char tmpl[] = "/tmp/jobguard-jobs-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    CliTest::SetUp();
     stream_ = key("q");
   }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    RedisTest::TearDown();
-  }
-
-  std::string url() const { return fmt::format("redis://{}:{}/0", server->host(), server->port()); }
-  std::string file(const std::string& name) const { return dir_ + "/" + name; }
 
   // jobguard --redis URL [globals] jobs SUB ARGS
   Args argv(const std::string& sub, const Args& args, const Args& globals = {}) const {
@@ -85,7 +74,7 @@ class JobsCli : public RedisTest {
   }
   bool exists(const std::string& path) const { return std::filesystem::exists(path); }
 
-  std::string dir_, stream_;
+  std::string stream_;
 };
 
 int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }

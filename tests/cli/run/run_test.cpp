@@ -16,7 +16,7 @@
 
 #include "jobguard/guard/postgres.hpp"
 #include "support/postgres_fixture.hpp"
-#include "support/redis_fixture.hpp"
+#include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 
 namespace jobguard::test {
@@ -25,22 +25,8 @@ namespace {
 using namespace std::chrono_literals;
 using Args = std::vector<std::string>;
 
-class RunCli : public RedisTest {
+class RunCli : public CliTest {
  protected:
-  void SetUp() override {
-    RedisTest::SetUp();
-    char tmpl[] = "/tmp/jobguard-run-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    RedisTest::TearDown();
-  }
-
-  std::string url() const { return fmt::format("redis://{}:{}/0", server->host(), server->port()); }
-  std::string file(const std::string& name) const { return dir_ + "/" + name; }
   // A resource name unique to this test.
   std::string resource() const {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -68,8 +54,6 @@ class RunCli : public RedisTest {
   }
   void touch(const std::string& path) { std::ofstream(path) << "go\n"; }
   bool exists(const std::string& path) const { return std::filesystem::exists(path); }
-
-  std::string dir_;
 };
 
 int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
