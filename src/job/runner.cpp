@@ -268,20 +268,28 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   const Unit& unit = *a.unit;
   // Phase 1 before the lock: a duplicate delivery of finished work costs one
   // read, not a lock round.
+  auto already_done = [&](std::string result) {
+    r.outcome = Outcome::already_done;
+    r.result = std::move(result);
+    r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, unit.run_id);
+  };
+  auto closed = [&](const Error& e) {
+    a.m->redis_errors_total.inc();
+    return StepVerdict{Outcome::redis_unavailable,
+                       fmt::format("Redis unavailable and lock class '{}' is fail-closed, so {} did not run: {}",
+                                   cls_.name, a.job_id, e.what()),
+                       {}};
+  };
   std::optional<std::string> done;
   try {
     done = find_done(a, unit.run_id);
   } catch (const Error& e) {
-    if (!redis_down(e) || cls_.on_redis_down != RedisDownPolicy::fail_open) throw;
+    if (!redis_down(e)) throw;
+    if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
     // Fail-open and the record store is down too: we cannot know; the class
     // declared that running is acceptable. Counted with the fail-open below.
   }
-  if (done) {
-    r.outcome = Outcome::already_done;
-    r.result = *done;
-    r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, unit.run_id);
-    return;
-  }
+  if (done) return already_done(*done);
 
   // Phase 2: claim.
   LockOptions lo;
@@ -302,12 +310,8 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
     }
   } catch (const Error& e) {
     if (!redis_down(e)) throw;
+    if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
     a.m->redis_errors_total.inc();
-    if (cls_.on_redis_down == RedisDownPolicy::fail_closed)
-      throw StepVerdict{Outcome::redis_unavailable,
-                        fmt::format("Redis unavailable and lock class '{}' is fail-closed, so {} did not run: {}",
-                                    cls_.name, a.job_id, e.what()),
-                        {}};
     a.fail_open = true;
     a.m->fail_open_total.inc();
     emit(a, "fail_open", "unguarded",
@@ -320,12 +324,7 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   // our first look and our grant.
   if (!a.fail_open) {
     done = find_done(a, unit.run_id);
-    if (done) {
-      r.outcome = Outcome::already_done;
-      r.result = *done;
-      r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, unit.run_id);
-      return;
-    }
+    if (done) return already_done(*done);
   }
 
   // Phases 3 and 4.

@@ -177,6 +177,7 @@ TEST_F(RunnerTest, FailClosedWithRedisStoppedDoesNotRunAndSaysWhy) {
     return std::string();
   });
   EXPECT_EQ(r.outcome, Outcome::redis_unavailable) << r.detail;
+  EXPECT_NE(r.detail.find("lock class '" + cls_name() + "' is fail-closed"), std::string::npos) << r.detail;
   EXPECT_FALSE(r.fail_open);
   EXPECT_EQ(runs, 0);
   EXPECT_GT(metrics().redis_errors_total, before);
