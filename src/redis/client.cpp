@@ -482,6 +482,9 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     return *best;
   }
 
+  void submit_eval(const Script& script, std::size_t nkeys_args, std::string tail, Completion done,
+                   CallOptions call);
+
   void submit(std::string payload, Completion done, CallOptions o) {
     const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.command_timeout;
     detail::Multiplexer::Request r;
@@ -558,43 +561,6 @@ void Client::async_exec(Command cmd, Completion done, CallOptions opts) {
 }
 
 namespace {
-Command make_eval(bool by_sha, const Script& script, const std::vector<std::string>& keys,
-                  const std::vector<std::string>& args) {
-  std::vector<std::string_view> argv;
-  argv.reserve(3 + keys.size() + args.size());
-  argv.push_back(by_sha ? "EVALSHA" : "EVAL");
-  argv.push_back(by_sha ? std::string_view(script.sha1()) : std::string_view(script.source()));
-  const std::string nkeys = std::to_string(keys.size());
-  argv.push_back(nkeys);
-  for (auto& k : keys) argv.push_back(k);
-  for (auto& a : args) argv.push_back(a);
-  return Command(argv);
-}
-}  // namespace
-
-void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
-                        Completion done, CallOptions opts) {
-  std::string payload = make_eval(true, script, keys, args).take_payload();
-  // The NOSCRIPT fallback needs the keys and arguments again: the vectors
-  // move into the completion (no copy; a copy of the encoded tail was an
-  // allocation on every lock acquire and release).
-  impl_->submit(
-      std::move(payload),
-      [impl = impl_, sp = &script, keys = std::move(keys), args = std::move(args), done = std::move(done),
-       opts](std::error_code ec, Reply r) mutable {
-        if (ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
-          // The script cache was flushed (SCRIPT FLUSH, restart, failover):
-          // EVAL runs it and loads it again for the next EVALSHA. The script is
-          // referenced, not copied: scripts are long-lived (see the header).
-          impl->submit(make_eval(false, *sp, keys, args).take_payload(), std::move(done), opts);
-          return;
-        }
-        done(ec, std::move(r));
-      },
-      opts);
-}
-
-namespace {
 void append_bulk(std::string& out, std::string_view s) {
   char head[24];
   head[0] = '$';
@@ -603,54 +569,72 @@ void append_bulk(std::string& out, std::string_view s) {
   *r.ptr++ = '\n';
   out.append(head, static_cast<std::size_t>(r.ptr - head)).append(s).append("\r\n", 2);
 }
-}  // namespace
 
-void Client::async_eval_views(const Script& script, std::initializer_list<std::string_view> keys,
-                              std::initializer_list<std::string_view> args, Completion done, CallOptions opts) {
-  // EVAL differs from EVALSHA only in its first two arguments: encode the
-  // common tail (numkeys, keys, args) once, and keep it for the NOSCRIPT
-  // fallback. Two strings per call instead of the vectors and their copies.
+// The part EVAL and EVALSHA share: numkeys, the keys, the arguments.
+template <class Keys, class Args>
+std::string eval_tail(const Keys& keys, const Args& args) {
   std::size_t size = 32;
-  for (auto k : keys) size += k.size() + 16;
-  for (auto a : args) size += a.size() + 16;
+  for (const auto& k : keys) size += k.size() + 16;
+  for (const auto& a : args) size += a.size() + 16;
   std::string tail;
   tail.reserve(size);
   char nk[24];
-  const auto nke = std::to_chars(nk, nk + sizeof nk, keys.size()).ptr;
+  const auto nke = std::to_chars(nk, nk + sizeof nk, std::size(keys)).ptr;
   append_bulk(tail, std::string_view(nk, static_cast<std::size_t>(nke - nk)));
-  for (auto k : keys) append_bulk(tail, k);
-  for (auto a : args) append_bulk(tail, a);
-  const std::size_t n = 3 + keys.size() + args.size();
-  auto head = [n](std::string& out, std::string_view verb, std::string_view body) {
-    char buf[24];
-    buf[0] = '*';
-    auto r = std::to_chars(buf + 1, buf + sizeof buf - 2, n);
-    *r.ptr++ = '\r';
-    *r.ptr++ = '\n';
-    out.append(buf, static_cast<std::size_t>(r.ptr - buf));
-    append_bulk(out, verb);
-    append_bulk(out, body);
-  };
-  std::string payload;
-  payload.reserve(tail.size() + 80);
-  head(payload, "EVALSHA", script.sha1());
-  payload.append(tail);
-  impl_->submit(
+  for (const auto& k : keys) append_bulk(tail, k);
+  for (const auto& a : args) append_bulk(tail, a);
+  return tail;
+}
+
+// "*<argc>\r\n" + verb + body + tail: EVALSHA <sha> or EVAL <source>.
+std::string eval_payload(std::size_t argc, std::string_view verb, std::string_view body, const std::string& tail) {
+  std::string out;
+  out.reserve(body.size() + tail.size() + 32);
+  char buf[24];
+  buf[0] = '*';
+  auto r = std::to_chars(buf + 1, buf + sizeof buf - 2, argc);
+  *r.ptr++ = '\r';
+  *r.ptr++ = '\n';
+  out.append(buf, static_cast<std::size_t>(r.ptr - buf));
+  append_bulk(out, verb);
+  append_bulk(out, body);
+  out.append(tail);
+  return out;
+}
+}  // namespace
+
+// EVALSHA, and on NOSCRIPT the same call as EVAL. The encoded tail is kept
+// for that fallback: one string, instead of the callers' vectors or copies.
+void Client::Impl::submit_eval(const Script& script, std::size_t nkeys_args, std::string tail, Completion done,
+                               CallOptions call) {
+  const std::size_t argc = 3 + nkeys_args;
+  // Built before the call: the completion below takes `tail` by move, and
+  // argument evaluation order is unspecified.
+  std::string payload = eval_payload(argc, "EVALSHA", script.sha1(), tail);
+  submit(
       std::move(payload),
-      [impl = impl_, sp = &script, head, tail = std::move(tail), done = std::move(done), opts](std::error_code ec,
-                                                                                          Reply r) mutable {
+      [impl = shared_from_this(), sp = &script, argc, tail = std::move(tail), done = std::move(done),
+       call](std::error_code ec, Reply r) mutable {
         if (ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
-          // See async_eval: EVAL runs the script and reloads it.
-          std::string eval;
-          eval.reserve(sp->source().size() + tail.size() + 32);
-          head(eval, "EVAL", sp->source());
-          eval.append(tail);
-          impl->submit(std::move(eval), std::move(done), opts);
+          // The script cache was flushed (SCRIPT FLUSH, restart, failover):
+          // EVAL runs it and loads it again for the next EVALSHA. The script is
+          // referenced, not copied: scripts are long-lived (see the header).
+          impl->submit(eval_payload(argc, "EVAL", sp->source(), tail), std::move(done), call);
           return;
         }
         done(ec, std::move(r));
       },
-      opts);
+      call);
+}
+
+void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
+                        Completion done, CallOptions opts) {
+  impl_->submit_eval(script, keys.size() + args.size(), eval_tail(keys, args), std::move(done), opts);
+}
+
+void Client::async_eval_views(const Script& script, std::initializer_list<std::string_view> keys,
+                              std::initializer_list<std::string_view> args, Completion done, CallOptions opts) {
+  impl_->submit_eval(script, keys.size() + args.size(), eval_tail(keys, args), std::move(done), opts);
 }
 
 std::future<Reply> Client::exec_future(Command cmd, CallOptions opts) {

@@ -34,13 +34,13 @@ std::string RedisTest::key(const std::string& suffix) const {
   return fmt::format("t:{}.{}:{}", info->test_suite_name(), info->name(), suffix);
 }
 
-std::string RedisTest::admin(const std::string& command) const {
+std::string redis_command_at(const std::string& host, std::uint16_t port, const std::string& command) {
   timeval tv{2, 0};
-  redisContext* c = redisConnectWithTimeout(server->host().c_str(), server->port(), tv);
+  redisContext* c = redisConnectWithTimeout(host.c_str(), port, tv);
   if (c == nullptr || c->err) {
     std::string err = c ? c->errstr : "alloc";
     if (c) redisFree(c);
-    throw std::runtime_error("admin connect: " + err);
+    throw std::runtime_error(fmt::format("connect to {}:{}: {}", host, port, err));
   }
   redisSetTimeout(c, tv);
   auto* r = static_cast<redisReply*>(redisCommand(c, command.c_str()));
@@ -54,6 +54,10 @@ std::string RedisTest::admin(const std::string& command) const {
   if (r) freeReplyObject(r);
   redisFree(c);
   return out;
+}
+
+std::string RedisTest::admin(const std::string& command) const {
+  return redis_command_at(server->host(), server->port(), command);
 }
 
 }  // namespace jobguard::test

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,11 @@ class RedisTest : public ::testing::Test {
 
   std::unique_ptr<EmbeddedRedis> server;
 };
+
+// Runs `command` on a fresh connection to host:port (hiredis sync, 2 s
+// deadline) and returns the reply as text; throws std::runtime_error when it
+// cannot connect. For servers a test runs besides its own (a replica).
+std::string redis_command_at(const std::string& host, std::uint16_t port, const std::string& command);
 
 // Waits up to `timeout` for `pred` to hold, polling every 2 ms.
 template <class Pred>

@@ -17,7 +17,6 @@
 // and fences issued after a restart/failover exceed every earlier fence.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <hiredis/hiredis.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -84,27 +83,6 @@ struct AuditRow {
   std::string writer;
 };
 
-// A command on a separate connection to 127.0.0.1:port (2 s deadline).
-std::string redis_at(std::uint16_t port, const std::string& command) {
-  timeval tv{2, 0};
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-  if (c == nullptr || c->err) {
-    std::string err = c ? c->errstr : "alloc";
-    if (c) redisFree(c);
-    return "(connect error) " + err;
-  }
-  redisSetTimeout(c, tv);
-  auto* r = static_cast<redisReply*>(redisCommand(c, command.c_str()));
-  std::string out;
-  if (r == nullptr) out = std::string("(io error) ") + c->errstr;
-  else if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_ERROR)
-    out.assign(r->str, r->len);
-  else if (r->type == REDIS_REPLY_INTEGER) out = std::to_string(r->integer);
-  else if (r->type == REDIS_REPLY_NIL) out = "(nil)";
-  if (r) freeReplyObject(r);
-  redisFree(c);
-  return out;
-}
 
 class FencingFault : public RedisTest {
  protected:
@@ -387,11 +365,11 @@ TEST_F(FencingFault, PausesKillsAndRedisRestartsWithoutPersistence) {
 TEST_F(FencingFault, FailoverToAReplica) {
   EmbeddedRedis replica;
   replica.start();
-  ASSERT_EQ(redis_at(replica.port(), fmt::format("REPLICAOF 127.0.0.1 {}", server->port())), "OK");
-  ASSERT_TRUE(eventually([&] { return redis_at(replica.port(), "INFO replication").find("master_link_status:up") !=
+  ASSERT_EQ(redis_command_at("127.0.0.1", replica.port(), fmt::format("REPLICAOF 127.0.0.1 {}", server->port())), "OK");
+  ASSERT_TRUE(eventually([&] { return redis_command_at("127.0.0.1", replica.port(), "INFO replication").find("master_link_status:up") !=
                                       std::string::npos; },
                          10s))
-      << redis_at(replica.port(), "INFO replication");
+      << redis_command_at("127.0.0.1", replica.port(), "INFO replication");
 
   round(server->url(), 3);
 
@@ -400,9 +378,9 @@ TEST_F(FencingFault, FailoverToAReplica) {
   Worker& v = start_paused_holder(server->url());
   const auto paused_fence = marker(v).first;
   const std::string lock_key = "jobguard:lock:{" + resource_ + "}";
-  ASSERT_TRUE(eventually([&] { return redis_at(replica.port(), "EXISTS " + lock_key) == "1"; }, 5s));
+  ASSERT_TRUE(eventually([&] { return redis_command_at("127.0.0.1", replica.port(), "EXISTS " + lock_key) == "1"; }, 5s));
   server->kill();
-  ASSERT_EQ(redis_at(replica.port(), "REPLICAOF NO ONE"), "OK");
+  ASSERT_EQ(redis_command_at("127.0.0.1", replica.port(), "REPLICAOF NO ONE"), "OK");
   ++epoch_;
 
   // New workers on the promoted replica: they wait out the replicated lock's
