@@ -169,8 +169,7 @@ class LockService : public std::enable_shared_from_this<LockService> {
                     std::function<void(std::error_code, bool)> done);
 
   struct Impl;
-  // Internal, for src/lock: the release subscriber, and building a Lock value.
-  redis::Subscriber& impl_sub();
+  // Internal, for src/lock: building a Lock value.
   Lock make_lock(std::string resource, std::string key, std::string token,
                  std::optional<std::int64_t> fence, const LockOptions& opts,
                  std::chrono::steady_clock::time_point sent_at);

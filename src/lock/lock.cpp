@@ -57,30 +57,189 @@ const redis::Script& lock_release_script() {
   return s;
 }
 
-// Loop-thread state of a LockService: the subscriber and the waiters.
-struct LockService::Impl {
-  std::mutex sub_mu;  // guards lazy creation only
-  std::unique_ptr<redis::Subscriber> subscriber;
-  // resource -> waiters to wake on release. Loop thread only.
+namespace {
+// Releases a lock by compare-and-delete; a fair lock's release hands it to the
+// live head of its queue (release.lua). Shared by Lock, LockService and the
+// grant listener, which must work after the service that started it is gone.
+void release_lock(redis::Client& client, const KeyBuilder& keys, const std::string& resource,
+                  const std::string& token, std::function<void(std::error_code, bool)> done, bool fair) {
+  const std::string key = keys.lock_key(resource);
+  const std::string channel = keys.channel(resource);
+  auto on_reply = [done = std::move(done)](std::error_code ec, redis::Reply r) {
+    if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+  };
+  if (fair) {
+    // Same hash slot for all four keys; a plain lock does not pay for them.
+    const std::string queue = keys.queue_key(resource), qexp = keys.queue_expiry_key(resource),
+                      fence = keys.fence_key(resource);
+    client.async_eval_views(lock_release_script(), {key, queue, qexp, fence}, {token, channel, resource},
+                            std::move(on_reply));
+  } else {
+    client.async_eval_views(lock_release_script(), {key}, {token, channel}, std::move(on_reply));
+  }
+}
+
+// A grant channel name no other service can share: from the OS source like a
+// token (a seeded generator would repeat itself in a forked child, and two
+// services on one channel would take each other's grants).
+std::string grant_channel_name(const KeyBuilder& keys) {
+  const std::string t = make_token();
+  return keys.prefix() + ":grant:" + t.substr(t.rfind('#') + 1);
+}
+}  // namespace
+
+// Loop-thread state of a LockService: the subscriber, the channels it listens
+// on and the waiters behind them.
+struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   struct WaiterBase {
     virtual ~WaiterBase() = default;
+    // A release (or a reconnect that may have hidden one): look again.
     virtual void wake() = 0;
+    // A plain release message on the waiter's resource channel.
+    virtual void on_release(const std::string& message) = 0;
+    // A fair release handed the lock to this waiter (release.lua).
+    virtual void on_grant(std::optional<std::int64_t> fence) = 0;
   };
-  std::unordered_map<std::string, std::unordered_set<WaiterBase*>> waiters;
-  std::unordered_map<std::string, redis::Subscriber::Id> subs;
 
-  redis::Subscriber& sub(redis::Client& c) {
+  // Plain waiters listen on their resource's release channel, shared by every
+  // waiter of this service on it; fair waiters on this service's grant
+  // channel, where a release names the waiter it handed the lock to. The
+  // grant channel stays for the service's life, so a worker looping on a fair
+  // lock does not SUBSCRIBE, UNSUBSCRIBE and try a second time around every wait.
+  struct Channel {
+    redis::Subscriber::Id id = 0;
+    std::unordered_set<WaiterBase*> waiters;
+    bool ready = false;
+    Clock::time_point ready_at{};  // when the loop saw the server's confirmation
+  };
+
+  // What a waiter that just registered must do to be sure it hears the release.
+  enum class Heard {
+    yes,         // the channel was confirmed before its attempt was sent
+    look_again,  // confirmed while its attempt was in flight: one more attempt
+    on_ready,    // not yet confirmed: wake() comes with the confirmation
+  };
+
+  Impl(redis::Client& c, KeyBuilder k)
+      : client(c), keys(std::move(k)), grant_channel(grant_channel_name(keys)) {}
+
+  // The client outlives the service and so every handler that finds us alive.
+  redis::Client& client;
+  const KeyBuilder keys;
+  const std::string grant_channel;
+
+  std::mutex sub_mu;  // guards lazy creation only
+  std::unique_ptr<redis::Subscriber> subscriber;
+  std::unordered_map<std::string, Channel> channels;               // by channel name; loop thread only
+  std::unordered_map<std::string, WaiterBase*> granted_by_token;   // fair waiters; loop thread only
+  std::unordered_map<std::string, Clock::time_point> abandoned;   // token -> forget after; loop thread only
+
+  redis::Subscriber& sub() {
     std::lock_guard<std::mutex> g(sub_mu);
     if (!subscriber) {
-      subscriber = std::make_unique<redis::Subscriber>(c);
+      subscriber = std::make_unique<redis::Subscriber>(client);
       // Messages published while we were reconnecting are gone: wake every
-      // waiter so none sleeps through a release it never heard about.
-      subscriber->set_on_reconnect([this] {
-        for (auto& [r, ws] : waiters)
-          for (auto* w : std::vector<WaiterBase*>(ws.begin(), ws.end())) w->wake();
+      // waiter so none sleeps through a release it never heard about. The
+      // subscriptions are restored as of now; a waiter that registers later
+      // was sent after that.
+      subscriber->set_on_reconnect([weak = weak_from_this()] {
+        auto self = weak.lock();
+        if (!self) return;
+        const auto now = Clock::now();
+        for (auto& [name, ch] : self->channels) {
+          if (ch.ready) ch.ready_at = now;
+          for (auto* w : std::vector<WaiterBase*>(ch.waiters.begin(), ch.waiters.end())) w->wake();
+        }
       });
     }
     return *subscriber;
+  }
+
+  // "<token> <fence or -1> <resource>" on the grant channel.
+  void on_grant_message(const std::string& msg) {
+    const auto a = msg.find(' ');
+    const auto b = a == std::string::npos ? a : msg.find(' ', a + 1);
+    if (b == std::string::npos) return;
+    const std::string token = msg.substr(0, a);
+    std::int64_t fence = -1;
+    try {
+      fence = std::stoll(msg.substr(a + 1, b - a - 1));
+    } catch (const std::exception&) {
+      return;
+    }
+    auto it = granted_by_token.find(token);
+    if (it != granted_by_token.end()) {
+      it->second->on_grant(fence >= 0 ? std::optional<std::int64_t>(fence) : std::nullopt);
+      return;
+    }
+    // Granted to a waiter of ours that gave up or failed while its place was
+    // still in the queue: nobody will use the lock, so hand it on now instead
+    // of blocking it for its TTL. Any other token is left alone: its waiter
+    // may hold the lock already (its own attempt found the grant first).
+    auto ab = abandoned.find(token);
+    if (ab == abandoned.end()) return;
+    abandoned.erase(ab);
+    release_lock(client, keys, msg.substr(b + 1), token, nullptr, true);
+  }
+
+  // Loop thread. A fair waiter that ended without the lock; its place in the
+  // queue outlives it by at most `place_lease`.
+  void abandon(std::string token, std::chrono::milliseconds place_lease) {
+    const auto now = Clock::now();
+    std::erase_if(abandoned, [now](const auto& kv) { return kv.second < now; });
+    abandoned.emplace(std::move(token), now + place_lease);
+  }
+
+  // Loop thread. `sent_at`: when the waiter sent the attempt that found the lock busy.
+  Heard watch(const std::string& channel, WaiterBase* w, Clock::time_point sent_at) {
+    Channel& ch = channels[channel];
+    ch.waiters.insert(w);
+    if (ch.id == 0) {
+      std::weak_ptr<Impl> weak = weak_from_this();
+      const bool grants = channel == grant_channel;
+      ch.id = sub().subscribe(
+          channel,
+          [weak, channel, grants](const std::string&, const std::string& msg) {
+            auto self = weak.lock();
+            if (!self) return;
+            if (grants) return self->on_grant_message(msg);
+            auto it = self->channels.find(channel);
+            if (it == self->channels.end()) return;
+            for (auto* x : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end()))
+              x->on_release(msg);
+          },
+          [weak, channel] {
+            auto self = weak.lock();
+            if (!self) return;
+            auto it = self->channels.find(channel);
+            if (it == self->channels.end()) return;
+            it->second.ready = true;
+            it->second.ready_at = Clock::now();
+            // A release between a waiter's attempt and this moment went
+            // unheard: every waiter registered so far looks once more.
+            for (auto* x : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end()))
+              x->wake();
+          });
+      return Heard::on_ready;
+    }
+    if (!ch.ready) return Heard::on_ready;
+    return ch.ready_at <= sent_at ? Heard::yes : Heard::look_again;
+  }
+
+  // Loop thread.
+  void unwatch(const std::string& channel, WaiterBase* w) {
+    auto it = channels.find(channel);
+    if (it == channels.end()) return;
+    Channel& ch = it->second;
+    ch.waiters.erase(w);
+    if (!ch.waiters.empty() || channel == grant_channel) return;
+    // Not kept for the next wait: Redis delivers a message to a channel's
+    // subscribers in the order they subscribed, and plain waiters race to the
+    // free lock, so a subscription kept across waits made the same workers win
+    // every time (bench --contention: max share deviation 53 % instead of 5-9 %).
+    // Subscribing afresh puts the last winner at the back.
+    subscriber->unsubscribe(ch.id);
+    channels.erase(it);
   }
 };
 
@@ -109,6 +268,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (opts_.fence || opts_.fair) {
       script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
     }
+    if (opts_.fair) {
+      // What a release needs to hand us the lock: our TTL, whether we want a
+      // fence, where to tell us, and who we are (release.lua parses it).
+      channel_ = impl_->grant_channel;
+      entry_ = fmt::format("{} {} {} {}", opts_.ttl.count(), opts_.fence ? 1 : 0, channel_, token_);
+    } else {
+      channel_ = k.channel(resource_);
+    }
     attempt();
   }
 
@@ -119,6 +286,26 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       return;
     }
     if (timer_) timer_->cancel();
+  }
+
+  void on_release(const std::string&) override { wake(); }
+
+  void on_grant(std::optional<std::int64_t> fence) override {
+    if (finished_) return;
+    if (in_flight_) {
+      // The attempt in flight ran either before the grant (it answers busy,
+      // and its send time is a safe start of our TTL) or after it (it finds
+      // the lock ours and answers granted): wait for it either way, so no
+      // attempt of ours is left to run after we have released the lock.
+      grant_ = fence;
+      granted_ = true;
+      return;
+    }
+    // The grant ran after our last attempt that found the lock busy, so that
+    // attempt's send time is a safe start of our TTL; if it is too far back
+    // to leave a useful TTL, one attempt restarts the TTL (acquire.lua).
+    if (Clock::now() - last_busy_sent_ > opts_.ttl / 4) return wake();
+    finish({}, true, fence, last_busy_sent_);
   }
 
  private:
@@ -137,8 +324,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
       svc_->client().async_exec(std::move(cmd), [self](std::error_code ec, redis::Reply r) {
         self->in_flight_ = false;
-        if (ec) return self->finish(ec, false, std::nullopt);
-        if (r.is_ok()) return self->finish({}, true, std::nullopt);
+        if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_);
+        if (r.is_ok()) return self->finish({}, true, std::nullopt, self->sent_at_);
         self->busy();
       });
       return;
@@ -148,57 +335,58 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      opts_.fence ? "1" : "0",
                                      opts_.fair ? "1" : "0",
                                      may_wait ? "1" : "0",
-                                     std::to_string(waiter_lease().count())};
-    svc_->client().async_eval(script_acquire(), script_keys_, std::move(args),
-                              [self](std::error_code ec, redis::Reply r) {
-                                self->in_flight_ = false;
-                                if (ec) return self->finish(ec, false, std::nullopt);
-                                if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
-                                  return self->finish(make_error_code(errc::protocol_error), false, std::nullopt,
-                                                      "unexpected reply to the acquire script: " + to_debug_string(r));
-                                if (r.elements[0].integer == 1) {
-                                  std::optional<std::int64_t> fence;
-                                  if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
-                                  return self->finish({}, true, fence);
-                                }
-                                self->busy();
-                              });
+                                     std::to_string(waiter_lease().count()),
+                                     entry_};
+    svc_->client().async_eval(
+        script_acquire(), script_keys_, std::move(args), [self](std::error_code ec, redis::Reply r) {
+          self->in_flight_ = false;
+          if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_);
+          if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
+            return self->finish(make_error_code(errc::protocol_error), false, std::nullopt, self->sent_at_,
+                                "unexpected reply to the acquire script: " + to_debug_string(r));
+          if (r.elements[0].integer == 1) {
+            std::optional<std::int64_t> fence;
+            if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
+            return self->finish({}, true, fence, self->sent_at_);
+          }
+          // Busy, but a grant arrived meanwhile: this attempt ran before it.
+          if (self->granted_) return self->finish({}, true, self->grant_, self->sent_at_);
+          self->busy();
+        });
   }
 
   void busy() {
     metrics_->busy_total.inc();
+    last_busy_sent_ = sent_at_;
     const auto now = Clock::now();
     if (now >= deadline_) return give_up();
-    if (sub_id_ == 0) {
-      // Subscribe, and only then look again: a release between our failed
-      // attempt and the subscription would otherwise go unheard.
-      auto self = shared_from_this();
-      impl_->waiters[resource_].insert(this);
+    if (!registered_) {
       registered_ = true;
-      sub_id_ = svc_->impl_sub().subscribe(
-          svc_->keys().channel(resource_),
-          [w = std::weak_ptr<Waiter>(self)](const std::string&, const std::string& msg) {
-            auto s = w.lock();
-            if (!s) return;
-            // A fair release names the queue head: only that waiter can win,
-            // so the rest keep sleeping (their backoff still covers a head
-            // that died, or a release by a client that names nobody).
-            if (s->opts_.fair && msg != s->token_) return;
-            s->wake();
-          },
-          [self] {
-            if (!self->finished_ && !self->in_flight_ && self->timer_) self->timer_->cancel();
-          });
+      if (opts_.fair) impl_->granted_by_token[token_] = this;
+      // Listen, and look again unless the channel was already listening when
+      // our attempt was sent: a release in between would otherwise go unheard.
+      if (impl_->watch(channel_, this, sent_at_) == LockService::Impl::Heard::look_again) wake_pending_ = true;
     }
     if (wake_pending_) return attempt();
-    // Full jitter: waiters spread out instead of stampeding in lockstep.
-    const auto cap = std::min<long long>(opts_.backoff_max.count(),
-                                         std::max<long long>(1, opts_.backoff_min.count()) << std::min(tries_, 16));
-    ++tries_;
+    std::chrono::milliseconds sleep;
     // Seeded once per thread: a random_device per acquire costs more than the acquire.
     thread_local std::mt19937_64 rng{std::random_device{}()};
-    std::uniform_int_distribution<long long> d(0, cap);
-    auto sleep = std::chrono::milliseconds(d(rng));
+    if (opts_.fair) {
+      // A queued fair waiter is handed the lock by the release that reaches
+      // it; its attempts only refresh its place (the waiter lease is at least
+      // five backoff maxima) and notice a holder that expired without a
+      // release. Polling faster would only load the host the handoffs run on.
+      const auto hi = std::max<long long>(1, opts_.backoff_max.count());
+      std::uniform_int_distribution<long long> d(hi / 2, hi);
+      sleep = std::chrono::milliseconds(d(rng));
+    } else {
+      // Full jitter: waiters spread out instead of stampeding in lockstep.
+      const auto cap = std::min<long long>(opts_.backoff_max.count(),
+                                           std::max<long long>(1, opts_.backoff_min.count()) << std::min(tries_, 16));
+      ++tries_;
+      std::uniform_int_distribution<long long> d(0, cap);
+      sleep = std::chrono::milliseconds(d(rng));
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now);
     if (sleep > left) sleep = left;
     if (!timer_) timer_.emplace(svc_->client().get_executor());
@@ -212,24 +400,29 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   void give_up() {
     if (opts_.fair && opts_.wait.count() > 0) {
       // Best effort; a waiter that cannot leave expires from the queue anyway.
-      std::vector<std::string> keys = {script_keys_[2], script_keys_[3]};
-      svc_->client().async_eval(script_leave(), std::move(keys), {token_}, [](std::error_code, redis::Reply) {});
+      // A release may have handed us the lock just now: pass it on.
+      std::vector<std::string> keys = {script_keys_[2], script_keys_[3], key_};
+      svc_->client().async_eval(script_leave(), std::move(keys), {entry_, token_},
+                                [svc = svc_, resource = resource_, token = token_](std::error_code ec, redis::Reply r) {
+                                  if (!ec && r.is_integer() && r.integer == 1)
+                                    svc->async_release(resource, token, nullptr, true);
+                                });
     }
-    finish({}, false, std::nullopt);
+    finish({}, false, std::nullopt, sent_at_);
   }
 
-  void finish(std::error_code ec, bool granted, std::optional<std::int64_t> fence, std::string detail = {}) {
+  void finish(std::error_code ec, bool granted, std::optional<std::int64_t> fence, Clock::time_point ttl_from,
+              std::string detail = {}) {
     if (finished_) return;
     finished_ = true;
     if (timer_) timer_->cancel();
     if (registered_) {
-      auto it = impl_->waiters.find(resource_);
-      if (it != impl_->waiters.end()) {
-        it->second.erase(this);
-        if (it->second.empty()) impl_->waiters.erase(it);
-      }
+      impl_->unwatch(channel_, this);
+      if (opts_.fair) impl_->granted_by_token.erase(token_);
     }
-    if (sub_id_ != 0) svc_->impl_sub().unsubscribe(sub_id_);
+    // Our place may still be queued (an error, or a give-up whose leave did
+    // not arrive): a release that hands it the lock must find it abandoned.
+    if (opts_.fair && opts_.wait.count() > 0 && (ec || !granted)) impl_->abandon(token_, waiter_lease() * 2);
     auto done = std::move(done_);
     if (ec) {
       (void)detail;
@@ -240,7 +433,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (!granted) return done({}, std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
-    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, sent_at_);
+    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, ttl_from);
     done({}, std::move(lock));
   }
 
@@ -251,19 +444,19 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   LockService::AcquireHandler done_;
   // Only a waiter that has to wait needs a timer: try-once acquires skip it.
   std::optional<asio::steady_timer> timer_;
-  std::string key_, token_;
+  std::string key_, token_, channel_, entry_;
   std::vector<std::string> script_keys_;
-  Clock::time_point started_, deadline_, sent_at_;
+  Clock::time_point started_, deadline_, sent_at_, last_busy_sent_;
   observe::LockClassMetrics* metrics_ = nullptr;
-  redis::Subscriber::Id sub_id_ = 0;
+  std::optional<std::int64_t> grant_;
   int tries_ = 0;
-  bool in_flight_ = false, wake_pending_ = false, finished_ = false, registered_ = false;
+  bool in_flight_ = false, wake_pending_ = false, finished_ = false, registered_ = false, granted_ = false;
 };
 
 }  // namespace
 
 LockService::LockService(redis::Client& client, KeyBuilder keys)
-    : client_(client), keys_(std::move(keys)), impl_(std::make_shared<Impl>()) {}
+    : client_(client), keys_(std::move(keys)), impl_(std::make_shared<Impl>(client, keys_)) {}
 
 LockService::~LockService() {
   // The subscriber posts its own shutdown to the loop; nothing else to undo:
@@ -274,7 +467,6 @@ std::shared_ptr<LockService> LockService::create(redis::Client& client, KeyBuild
   return std::shared_ptr<LockService>(new LockService(client, std::move(keys)));
 }
 
-redis::Subscriber& LockService::impl_sub() { return impl_->sub(client_); }
 
 Lock LockService::make_lock(std::string resource, std::string key, std::string token,
                             std::optional<std::int64_t> fence, const LockOptions& opts, Clock::time_point sent_at) {
@@ -321,19 +513,7 @@ std::optional<Lock> LockService::acquire(std::string_view resource, const LockOp
 
 void LockService::async_release(const std::string& resource, const std::string& token,
                                 std::function<void(std::error_code, bool)> done, bool fair) {
-  // A fair lock passes its queue key (same hash slot) so the release can name
-  // the queue's head; a plain lock does not pay for the extra key and read.
-  const std::string key = keys_.lock_key(resource);
-  const std::string channel = keys_.channel(resource);
-  auto on_reply = [done = std::move(done)](std::error_code ec, redis::Reply r) {
-    if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
-  };
-  if (fair) {
-    const std::string queue = keys_.queue_key(resource);
-    client_.async_eval_views(lock_release_script(), {key, queue}, {token, channel}, std::move(on_reply));
-  } else {
-    client_.async_eval_views(lock_release_script(), {key}, {token, channel}, std::move(on_reply));
-  }
+  release_lock(client_, keys_, resource, token, std::move(done), fair);
 }
 
 void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,

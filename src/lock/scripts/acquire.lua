@@ -1,13 +1,27 @@
 -- Grant a lock, optionally with a fencing token and FIFO fairness, atomically.
 -- KEYS: 1 lock, 2 fence counter, 3 fair queue (list), 4 fair queue expiries (zset)
--- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 fair 0|1, 5 enqueue-if-busy 0|1, 6 waiter lease ms
+-- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 fair 0|1, 5 enqueue-if-busy 0|1,
+--       6 waiter lease ms, 7 fair queue entry ("<ttl> <fence> <grant channel> <token>")
 -- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy.
 local token = ARGV[1]
 local fair = ARGV[4] == '1'
+local entry = ARGV[7]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 if fair then
+  -- A fair release may already have handed the lock to us (release.lua): the
+  -- grant message was missed or is still on its way. Ours from now, for a
+  -- full TTL; the fence counter still holds the fence issued with the grant,
+  -- as nobody can have been granted after us.
+  if redis.call('GET', KEYS[1]) == token then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('LREM', KEYS[3], 0, entry)
+    redis.call('ZREM', KEYS[4], entry)
+    local fence = -1
+    if ARGV[3] == '1' then fence = tonumber(redis.call('GET', KEYS[2]) or '-1') end
+    return {1, fence}
+  end
   -- A waiter that stopped refreshing its place (crashed, gave up) must not
   -- block the queue: drop expired heads.
   while true do
@@ -23,20 +37,21 @@ end
 local free = redis.call('EXISTS', KEYS[1]) == 0
 if free and fair then
   local head = redis.call('LINDEX', KEYS[3], 0)
-  if head and head ~= token then free = false end
+  if head and head ~= entry then free = false end
 end
 
 if free then
   redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
   if fair then
-    if redis.call('LINDEX', KEYS[3], 0) == token then redis.call('LPOP', KEYS[3]) end
-    redis.call('ZREM', KEYS[4], token)
+    if redis.call('LINDEX', KEYS[3], 0) == entry then redis.call('LPOP', KEYS[3]) end
+    redis.call('ZREM', KEYS[4], entry)
   end
   local fence = -1
   if ARGV[3] == '1' then
     -- Never below the server's clock in microseconds: a counter lost to a
     -- restart without persistence, or to failover onto a lagging replica,
     -- still issues a token above every token granted before (docs/fencing.md).
+    -- release.lua issues fair grants the same way.
     local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
     fence = math.max(cur + 1, floor)
@@ -47,8 +62,8 @@ end
 
 if fair and ARGV[5] == '1' then
   local lease = tonumber(ARGV[6])
-  if not redis.call('ZSCORE', KEYS[4], token) then redis.call('RPUSH', KEYS[3], token) end
-  redis.call('ZADD', KEYS[4], now_ms + lease, token)
+  if not redis.call('ZSCORE', KEYS[4], entry) then redis.call('RPUSH', KEYS[3], entry) end
+  redis.call('ZADD', KEYS[4], now_ms + lease, entry)
   redis.call('PEXPIRE', KEYS[3], lease * 2)
   redis.call('PEXPIRE', KEYS[4], lease * 2)
 end

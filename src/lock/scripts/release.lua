@@ -1,15 +1,47 @@
 -- Compare-and-delete: only the holder's token may delete the lock, so a
 -- worker whose lock expired cannot delete the next holder's lock.
--- KEYS: 1 lock, 2 (optional) the fair-mode queue. ARGV: 1 token, 2 release channel.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  -- Wake waiters now instead of at their next backoff. With a fair queue the
-  -- message names its head, the only waiter that can win: the others stay
-  -- asleep instead of each sending an attempt that must fail, which on a busy
-  -- client host delayed the head's own attempt (bench --contention --fair).
-  local msg = ARGV[1]
-  if KEYS[2] then msg = redis.call('LINDEX', KEYS[2], 0) or ARGV[1] end
-  redis.call('PUBLISH', ARGV[2], msg)
-  return 1
+-- KEYS: 1 lock; for a fair lock also 2 queue, 3 queue expiries, 4 fence counter.
+-- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+
+if KEYS[2] then
+  -- Fair: hand the lock straight to the live head of the queue, so the next
+  -- holder starts on this message instead of one more round trip. Each entry
+  -- is "<ttl> <fence 0|1> <grant channel> <token>"; the grant channel belongs
+  -- to the waiter's process, and PUBLISH counting no receiver means that
+  -- process is gone (or not listening yet): then the lock is left free with
+  -- the head's place kept, as without direct grants, and the head takes it at
+  -- its next attempt or its place expires.
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  while true do
+    local head = redis.call('LINDEX', KEYS[2], 0)
+    if not head then break end
+    local exp = redis.call('ZSCORE', KEYS[3], head)
+    if exp and tonumber(exp) > now_ms then
+      local ttl, f, chan, tok = string.match(head, '^(%d+) ([01]) (%S+) (%S+)$')
+      if not tok then break end
+      local fence = -1
+      if f == '1' then
+        -- The same rule as acquire.lua: never below the server clock in µs.
+        local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        fence = math.max((tonumber(redis.call('GET', KEYS[4]) or '0') or 0) + 1, floor)
+      end
+      if redis.call('PUBLISH', chan, tok .. ' ' .. string.format('%d', fence) .. ' ' .. ARGV[3]) > 0 then
+        redis.call('SET', KEYS[1], tok, 'PX', ttl)
+        if f == '1' then redis.call('SET', KEYS[4], string.format('%d', fence)) end
+        redis.call('LPOP', KEYS[2])
+        redis.call('ZREM', KEYS[3], head)
+        return 1
+      end
+      break
+    end
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], head)
+  end
 end
-return 0
+
+redis.call('DEL', KEYS[1])
+-- Wake plain waiters now instead of at their next backoff.
+redis.call('PUBLISH', ARGV[2], ARGV[1])
+return 1

@@ -25,6 +25,16 @@ class LockTest : public test::RedisTest {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     return std::string(info->name()) + ":" + s;
   }
+  // Until `n` fair waiters are queued on `r` and a grant channel is confirmed
+  // by the server, so a release can hand the lock over directly.
+  bool fair_queue_ready(const std::string& r, int n) const {
+    return test::eventually(
+        [&] {
+          return admin("LLEN " + svc->keys().queue_key(r)) == std::to_string(n) &&
+                 admin("PUBSUB CHANNELS " + svc->keys().prefix() + ":grant:*") != "(array of 0)";
+        },
+        std::chrono::seconds(5));
+  }
   std::unique_ptr<redis::Client> client;
   std::shared_ptr<LockService> svc;
 };

@@ -170,6 +170,103 @@ TEST_F(LockTest, FairModeHandsOffInArrivalOrder) {
   EXPECT_EQ(order, (std::vector<int>{1, 2, 0}));
 }
 
+TEST_F(LockTest, FairReleaseHandsTheLockToTheQueueHead) {
+  const std::string r = resource("grant");
+  LockOptions fair{.ttl = 10s, .wait = 10s, .fair = true};
+  auto a = svc->acquire(r, fair);
+  ASSERT_TRUE(a);
+  std::optional<Lock> b;
+  std::thread t([&] {
+    LockOptions o = fair;
+    o.job_id = "waiter-b";
+    b = svc->acquire(r, o);
+  });
+  ASSERT_TRUE(fair_queue_ready(r, 1));
+  const auto released = Clock::now();
+  ASSERT_TRUE(a->release());
+  // The release itself made B the holder: no attempt of B's ran in between.
+  const std::string holder = admin("GET " + a->key());
+  t.join();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(holder, b->token());
+  EXPECT_EQ(token_owner(holder).substr(token_owner(holder).rfind('/') + 1), "waiter-b");
+  EXPECT_EQ(admin("LLEN " + svc->keys().queue_key(r)), "0");
+  // B's TTL is counted from before the grant (its last busy attempt), never after.
+  EXPECT_LT(b->acquired_at(), released);
+  EXPECT_GT(std::stol(admin("PTTL " + b->key())), 9000);
+  EXPECT_TRUE(b->release());
+  EXPECT_EQ(admin("EXISTS " + b->key()), "0");
+}
+
+TEST_F(LockTest, FairGrantCarriesAFreshFence) {
+  const std::string r = resource("grant-fence");
+  LockOptions o{.ttl = 10s, .wait = 10s, .fence = true, .fair = true};
+  auto a = svc->acquire(r, o);
+  ASSERT_TRUE(a && a->fence());
+  std::optional<Lock> b;
+  std::thread t([&] { b = svc->acquire(r, o); });
+  ASSERT_TRUE(fair_queue_ready(r, 1));
+  ASSERT_TRUE(a->release());
+  t.join();
+  ASSERT_TRUE(b && b->fence());
+  EXPECT_GT(*b->fence(), *a->fence());
+  EXPECT_EQ(admin("GET " + svc->keys().fence_key(r)), std::to_string(*b->fence()));
+}
+
+TEST_F(LockTest, FairGrantAfterALongQuietWaitRestartsTheTtl) {
+  // B's only busy attempt is its first one (no refresh for 10 s): a TTL
+  // counted from then would be spent, so B asks once more and counts from that.
+  const std::string r = resource("grant-stale");
+  auto a = svc->acquire(r, LockOptions{.ttl = 10s, .fair = true});
+  ASSERT_TRUE(a);
+  std::optional<Lock> b;
+  std::thread t([&] {
+    b = svc->acquire(r, LockOptions{.ttl = 400ms, .wait = 10s, .fair = true, .backoff_max = 10s});
+  });
+  ASSERT_TRUE(fair_queue_ready(r, 1));
+  std::this_thread::sleep_for(300ms);
+  const auto released = Clock::now();
+  ASSERT_TRUE(a->release());
+  t.join();
+  ASSERT_TRUE(b);
+  EXPECT_GT(b->acquired_at(), released);
+  EXPECT_LE(std::stol(admin("PTTL " + b->key())), 400);
+  EXPECT_TRUE(b->release());
+}
+
+TEST_F(LockTest, GrantToAWaiterThatGaveUpIsPassedOn) {
+  const std::string r = resource("grant-abandoned");
+  const std::string key = svc->keys().lock_key(r);
+  auto a = svc->acquire(r, LockOptions{.ttl = 10s, .fair = true});
+  ASSERT_TRUE(a);
+  std::string entry;
+  std::thread t([&] { EXPECT_FALSE(svc->acquire(r, LockOptions{.ttl = 10s, .wait = 600ms, .fair = true})); });
+  ASSERT_TRUE(fair_queue_ready(r, 1));
+  entry = admin("LINDEX " + svc->keys().queue_key(r) + " 0");
+  t.join();
+  // "<ttl> <fence> <grant channel> <token>"
+  const auto last = entry.rfind(' ');
+  const auto before = entry.rfind(' ', last - 1);
+  ASSERT_NE(before, std::string::npos) << entry;
+  const std::string channel = entry.substr(before + 1, last - before - 1);
+  const std::string gone = entry.substr(last + 1);
+
+  // A release that handed B the lock just as B gave up (its leave came
+  // second): B's service passes the lock on instead of letting it block.
+  a->detach();
+  ASSERT_EQ(admin("SET " + key + " " + gone + " PX 60000"), "OK");
+  client->exec(redis::Command{"PUBLISH", channel, gone + " -1 " + r});
+  EXPECT_TRUE(eventually([&] { return admin("EXISTS " + key) == "0"; }, 3s));
+
+  // A grant naming a token the service does not know as given up is left
+  // alone: that waiter may already be using the lock.
+  const std::string other = make_token("someone");
+  ASSERT_EQ(admin("SET " + key + " " + other + " PX 60000"), "OK");
+  client->exec(redis::Command{"PUBLISH", channel, other + " -1 " + r});
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(admin("GET " + key), other);
+}
+
 TEST_F(LockTest, RejectsBadArgumentsWithOneLineErrors) {
   EXPECT_THROW(svc->acquire(""), Error);
   EXPECT_THROW(svc->acquire("a b"), Error);

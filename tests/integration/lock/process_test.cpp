@@ -20,14 +20,15 @@ using namespace jobguard;
 using Clock = std::chrono::steady_clock;
 using jobguard::test::eventually;
 
-TEST_F(LockTest, MutualExclusionAcrossProcesses) {
+namespace {
+// Four processes, 20 critical sections each, logged to one file: any
+// interleaving of enter/exit lines means the lock failed.
+void mutual_exclusion_across_processes(const redis::ConnectionOptions& opts, const std::string& res, bool fair) {
   char tmpl[] = "/tmp/jobguard-mx-XXXXXX";
   const int fd = mkstemp(tmpl);
   ASSERT_GE(fd, 0);
   close(fd);
   const std::string log = tmpl;
-  const auto opts = options();
-  const std::string res = resource("proc");
   std::vector<pid_t> kids;
   for (int p = 0; p < 4; ++p) {
     const pid_t pid = fork();
@@ -38,7 +39,7 @@ TEST_F(LockTest, MutualExclusionAcrossProcesses) {
         redis::Client c(opts);
         auto s = LockService::create(c);
         for (int i = 0; i < 20; ++i) {
-          auto l = s->acquire(res, LockOptions{.ttl = 5s, .wait = 20s});
+          auto l = s->acquire(res, LockOptions{.ttl = 5s, .wait = 20s, .fair = fair});
           if (!l) {
             rc = 2;
             break;
@@ -75,6 +76,73 @@ TEST_F(LockTest, MutualExclusionAcrossProcesses) {
   }
   EXPECT_EQ(n, 80);
   unlink(tmpl);
+}
+}  // namespace
+
+TEST_F(LockTest, MutualExclusionAcrossProcesses) {
+  mutual_exclusion_across_processes(options(), resource("proc"), false);
+}
+
+TEST_F(LockTest, FairMutualExclusionAcrossProcesses) {
+  // Fair releases hand the lock from process to process (release.lua).
+  mutual_exclusion_across_processes(options(), resource("proc"), true);
+}
+
+TEST_F(LockTest, FairWaiterKilledInTheQueueIsNotHandedTheLock) {
+  // A queued waiter's process dies. The release must not make it the holder
+  // (for its 60 s TTL): its grant channel has no listener, so the lock stays
+  // free, and the next waiter gets it once the dead one's place expires (2 s).
+  const std::string res = resource("dead-waiter");
+  auto a = svc->acquire(res, LockOptions{.ttl = 10s, .fair = true});
+  ASSERT_TRUE(a);
+  const auto opts = options();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    try {
+      redis::Client c(opts);
+      auto s = LockService::create(c);
+      s->acquire(res, LockOptions{.ttl = 60s, .wait = 60s, .fair = true});
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  ASSERT_TRUE(fair_queue_ready(res, 1));
+  // "<ttl> <fence> <grant channel> <token>"
+  const std::string entry = admin("LINDEX " + svc->keys().queue_key(res) + " 0");
+  const auto last = entry.rfind(' ');
+  const auto before = entry.rfind(' ', last - 1);
+  ASSERT_NE(before, std::string::npos) << entry;
+  const std::string channel = entry.substr(before + 1, last - before - 1);
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  // Redis has dropped the dead process's connections (as it does within
+  // moments of the kernel closing them).
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto r = client->exec(redis::Command{"PUBSUB", "NUMSUB", channel});
+        return r.is_array() && r.elements.size() == 2 && r.elements[1].is_integer() && r.elements[1].integer == 0;
+      },
+      5s));
+  // Our own waiter queues behind the dead one.
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2);
+  std::optional<Lock> b;
+  Clock::duration waited{};
+  std::thread t([&] {
+    const auto t0 = Clock::now();
+    b = svc2->acquire(res, LockOptions{.ttl = 10s, .wait = 15s, .fair = true});
+    waited = Clock::now() - t0;
+  });
+  ASSERT_TRUE(eventually([&] { return admin("LLEN " + svc->keys().queue_key(res)) == "2"; }, 5s));
+  ASSERT_TRUE(a->release());
+  const std::string holder = admin("GET " + a->key());
+  EXPECT_TRUE(holder.empty() || holder == "(nil)") << "the release handed the lock to " << holder;
+  t.join();
+  ASSERT_TRUE(b);
+  EXPECT_LT(waited, 10s);
+  EXPECT_TRUE(b->release());
 }
 
 TEST_F(LeaseTest, StoppedProcessDetectsTheLossOnResume) {
