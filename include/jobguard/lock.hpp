@@ -35,6 +35,7 @@ struct LockClassMetrics;
 //   <prefix>:fence:{invoice:48291}   the fencing high-water mark
 //   <prefix>:queue:{invoice:48291}   fair-mode waiters (list) + :qexp (zset)
 //   <prefix>:released:{invoice:48291} the pub/sub channel for releases
+//   <prefix>:grant:<random>          a LockService's channel for fair handoffs
 class KeyBuilder {
  public:
   // Throws Error(invalid_argument) on an empty prefix or one containing
@@ -68,7 +69,9 @@ std::string token_owner(std::string_view token);
 
 // The compare-and-delete(-and-publish) script every jobguard lock is released
 // with (KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel), for tools
-// that talk to Redis directly, like the raw half of `jobguard bench`.
+// that talk to Redis directly, like the raw half of `jobguard bench`. A fair
+// lock's release also passes KEYS[2..4] queue, queue expiries, fence counter
+// and ARGV[3] the resource, and hands the lock to the queue's live head.
 const redis::Script& lock_release_script();
 
 struct LockOptions {
@@ -80,14 +83,17 @@ struct LockOptions {
   // Issue a fencing token with the grant (see fence()). Default off: the
   // plain form is `SET key token NX PX ttl`, compatible with other clients.
   bool fence = false;
-  // FIFO handoff: a releaser (or a newcomer) cannot barge ahead of a waiter.
+  // FIFO handoff: a releaser (or a newcomer) cannot barge ahead of a waiter;
+  // the release hands the lock straight to the head of the queue.
   // Default off. Every client contending on a fair lock must use fair mode.
   bool fair = false;
   // Goes into the token's readable prefix and into logs.
   std::string job_id;
   // Metrics and logs are per lock class, never per key.
   std::string lock_class = "default";
-  // Fallback backoff while waiting: full jitter in [0, min(max, min*2^n)].
+  // Fallback backoff while waiting: full jitter in [0, min(max, min*2^n)];
+  // a queued fair waiter, which is told of its grant, refreshes its place
+  // every [max/2, max] instead.
   std::chrono::milliseconds backoff_min{5};
   std::chrono::milliseconds backoff_max{200};
 };
@@ -162,7 +168,7 @@ class LockService : public std::enable_shared_from_this<LockService> {
 
   // Raw compare-and-delete / compare-and-pexpire by key and token; `done`
   // gets true when the token still owned the key.
-  // `fair`: the lock was taken in fair mode (its release names the queue head).
+  // `fair`: the lock was taken in fair mode (its release hands it to the queue head).
   void async_release(const std::string& resource, const std::string& token,
                      std::function<void(std::error_code, bool)> done, bool fair = false);
   void async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,

@@ -93,10 +93,9 @@ std::string grant_channel_name(const KeyBuilder& keys) {
 struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   struct WaiterBase {
     virtual ~WaiterBase() = default;
-    // A release (or a reconnect that may have hidden one): look again.
+    // A release on the waiter's resource channel (or a reconnect that may
+    // have hidden one): look again.
     virtual void wake() = 0;
-    // A plain release message on the waiter's resource channel.
-    virtual void on_release(const std::string& message) = 0;
     // A fair release handed the lock to this waiter (release.lua).
     virtual void on_grant(std::optional<std::int64_t> fence) = 0;
   };
@@ -206,7 +205,7 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
             auto it = self->channels.find(channel);
             if (it == self->channels.end()) return;
             for (auto* x : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end()))
-              x->on_release(msg);
+              x->wake();
           },
           [weak, channel] {
             auto self = weak.lock();
@@ -287,8 +286,6 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     }
     if (timer_) timer_->cancel();
   }
-
-  void on_release(const std::string&) override { wake(); }
 
   void on_grant(std::optional<std::int64_t> fence) override {
     if (finished_) return;

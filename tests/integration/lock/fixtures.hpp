@@ -25,13 +25,24 @@ class LockTest : public test::RedisTest {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     return std::string(info->name()) + ":" + s;
   }
-  // Until `n` fair waiters are queued on `r` and a grant channel is confirmed
-  // by the server, so a release can hand the lock over directly.
+  // The grant channel in a fair queue entry "<ttl> <fence> <channel> <token>".
+  static std::string entry_channel(const std::string& entry) {
+    const auto last = entry.rfind(' ');
+    const auto before = last == std::string::npos ? last : entry.rfind(' ', last - 1);
+    return before == std::string::npos ? std::string() : entry.substr(before + 1, last - before - 1);
+  }
+  // Until `n` fair waiters are queued on `r` and each one's grant channel has
+  // a subscriber, so a release can hand the lock over directly.
   bool fair_queue_ready(const std::string& r, int n) const {
     return test::eventually(
         [&] {
-          return admin("LLEN " + svc->keys().queue_key(r)) == std::to_string(n) &&
-                 admin("PUBSUB CHANNELS " + svc->keys().prefix() + ":grant:*") != "(array of 0)";
+          auto q = client->exec(redis::Command{"LRANGE", svc->keys().queue_key(r), "0", "-1"});
+          if (!q.is_array() || q.elements.size() != static_cast<std::size_t>(n)) return false;
+          for (const auto& e : q.elements) {
+            auto c = client->exec(redis::Command{"PUBSUB", "NUMSUB", entry_channel(e.str)});
+            if (!c.is_array() || c.elements.size() != 2 || c.elements[1].integer < 1) return false;
+          }
+          return true;
         },
         std::chrono::seconds(5));
   }

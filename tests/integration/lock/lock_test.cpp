@@ -244,12 +244,9 @@ TEST_F(LockTest, GrantToAWaiterThatGaveUpIsPassedOn) {
   ASSERT_TRUE(fair_queue_ready(r, 1));
   entry = admin("LINDEX " + svc->keys().queue_key(r) + " 0");
   t.join();
-  // "<ttl> <fence> <grant channel> <token>"
-  const auto last = entry.rfind(' ');
-  const auto before = entry.rfind(' ', last - 1);
-  ASSERT_NE(before, std::string::npos) << entry;
-  const std::string channel = entry.substr(before + 1, last - before - 1);
-  const std::string gone = entry.substr(last + 1);
+  const std::string channel = entry_channel(entry);
+  ASSERT_FALSE(channel.empty()) << entry;
+  const std::string gone = entry.substr(entry.rfind(' ') + 1);
 
   // A release that handed B the lock just as B gave up (its leave came
   // second): B's service passes the lock on instead of letting it block.

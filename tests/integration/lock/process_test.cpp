@@ -108,12 +108,9 @@ TEST_F(LockTest, FairWaiterKilledInTheQueueIsNotHandedTheLock) {
     _exit(0);
   }
   ASSERT_TRUE(fair_queue_ready(res, 1));
-  // "<ttl> <fence> <grant channel> <token>"
   const std::string entry = admin("LINDEX " + svc->keys().queue_key(res) + " 0");
-  const auto last = entry.rfind(' ');
-  const auto before = entry.rfind(' ', last - 1);
-  ASSERT_NE(before, std::string::npos) << entry;
-  const std::string channel = entry.substr(before + 1, last - before - 1);
+  const std::string channel = entry_channel(entry);
+  ASSERT_FALSE(channel.empty()) << entry;
   kill(pid, SIGKILL);
   int st = 0;
   waitpid(pid, &st, 0);
