@@ -272,8 +272,6 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       // fence, where to tell us, and who we are (release.lua parses it).
       channel_ = impl_->grant_channel;
       entry_ = fmt::format("{} {} {} {}", opts_.ttl.count(), opts_.fence ? 1 : 0, channel_, token_);
-    } else {
-      channel_ = k.channel(resource_);
     }
     attempt();
   }
@@ -359,7 +357,10 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (now >= deadline_) return give_up();
     if (!registered_) {
       registered_ = true;
+      // A plain waiter's channel is built only now: a try-once acquire, the
+      // common case, never needs it.
       if (opts_.fair) impl_->granted_by_token[token_] = this;
+      else channel_ = svc_->keys().channel(resource_);
       // Listen, and look again unless the channel was already listening when
       // our attempt was sent: a release in between would otherwise go unheard.
       if (impl_->watch(channel_, this, sent_at_) == LockService::Impl::Heard::look_again) wake_pending_ = true;
@@ -417,9 +418,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       impl_->unwatch(channel_, this);
       if (opts_.fair) impl_->granted_by_token.erase(token_);
     }
-    // Our place may still be queued (an error, or a give-up whose leave did
-    // not arrive): a release that hands it the lock must find it abandoned.
-    if (opts_.fair && opts_.wait.count() > 0 && (ec || !granted)) impl_->abandon(token_, waiter_lease() * 2);
+    if (opts_.fair && opts_.wait.count() > 0 && (ec || !granted)) {
+      // Our place may still be queued (an error, or a give-up whose leave did
+      // not arrive): a release that hands it the lock must find it abandoned.
+      impl_->abandon(token_, waiter_lease() * 2);
+      // A grant that came while our failed attempt was in flight made us the
+      // holder already: pass the lock on (best effort; else its TTL frees it).
+      if (granted_) svc_->async_release(resource_, token_, nullptr, true);
+    }
     auto done = std::move(done_);
     if (ec) {
       (void)detail;
