@@ -83,6 +83,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     sweep_tick_ = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                         std::chrono::milliseconds(10));
     mux_.set_hook(&account, stats_.get());
+    // Without it one connection ping-pongs: the server idles while we run a
+    // whole read's completions (64 resumed callers), then we idle while it
+    // runs the batch they asked for. Sending every 16 completions' worth as
+    // soon as it exists lets the two overlap: `jobguard bench --connections 1`
+    // went from 79-108k to 141-180k lock ops/s on a 2-core machine (16:05 UTC
+    // 2026-11-30; 4, 8 and 32 did about as well, none did worse over 2
+    // connections). Order is kept: one write at a time, in submission order.
+    mux_.set_flush(kFlushEvery, &Connection::flush_now, this);
+  }
+
+  static constexpr std::size_t kFlushEvery = 16;
+
+  // From inside feed(), on the loop thread; the read handler holds us alive.
+  static void flush_now(void* ctx) {
+    auto* c = static_cast<Connection*>(ctx);
+    if (c->state_ == State::ready && !c->mux_.write_in_progress()) c->do_write();
   }
 
   void start() { connect(); }

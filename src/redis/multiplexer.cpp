@@ -105,6 +105,7 @@ void Multiplexer::write_done() noexcept { writing_ = false; }
 
 std::error_code Multiplexer::feed(const char* data, std::size_t n) {
   if (redisReaderFeed(reader_.get(), data, n) != REDIS_OK) return make_error_code(errc::protocol_error);
+  std::size_t since_flush = 0;
   for (;;) {
     void* raw = nullptr;
     if (redisReaderGetReply(reader_.get(), &raw) != REDIS_OK) return make_error_code(errc::protocol_error);
@@ -115,6 +116,10 @@ std::error_code Multiplexer::feed(const char* data, std::size_t n) {
     const bool internal = in_flight_.front().internal;
     in_flight_.pop_front();
     if (done) finish(done, internal, std::error_code{}, std::move(*reply));  // empty when it already timed out
+    if (flush_ && ++since_flush == flush_every_) {
+      since_flush = 0;
+      flush_(flush_ctx_);
+    }
   }
 }
 

@@ -93,6 +93,16 @@ class Multiplexer {
     hook_ctx_ = ctx;
   }
 
+  // Called by feed() after every `every` completions, so the I/O layer can
+  // send what those completions asked for while the rest of the read is
+  // still being handled. 0 = never.
+  using Flush = void (*)(void* ctx);
+  void set_flush(std::size_t every, Flush fn, void* ctx) noexcept {
+    flush_every_ = every;
+    flush_ = fn;
+    flush_ctx_ = ctx;
+  }
+
  private:
   struct InFlight {
     Completion done;  // empty once expired
@@ -105,6 +115,9 @@ class Multiplexer {
   }
   Hook hook_ = nullptr;
   void* hook_ctx_ = nullptr;
+  std::size_t flush_every_ = 0;
+  Flush flush_ = nullptr;
+  void* flush_ctx_ = nullptr;
 
   std::deque<Request> queued_;
   std::deque<InFlight> in_flight_;

@@ -146,6 +146,41 @@ TEST(Multiplexer, PipelineSplitAtEveryByteBoundaryMatchesEachReplyInOrder) {
   }
 }
 
+TEST(Multiplexer, FlushRunsAfterEveryNthCompletionOfOneFeedSoTheirRequestsCanLeaveEarly) {
+  // 40 replies arrive in one feed and each completion asks for one more
+  // command, as a resumed caller would. With a flush every 16, the I/O layer
+  // is called after completions 16 and 32, each time with exactly the
+  // requests those completions enqueued waiting to be written.
+  Multiplexer m;
+  std::vector<std::size_t> waiting_at_flush;
+  struct Ctx {
+    Multiplexer* m;
+    std::vector<std::size_t>* seen;
+  } ctx{&m, &waiting_at_flush};
+  m.set_flush(
+      16, [](void* p) { auto* c = static_cast<Ctx*>(p); c->seen->push_back(c->m->pending() - c->m->in_flight()); },
+      &ctx);
+  Recorder follow_ups;
+  std::size_t asked = 0;
+  for (std::size_t i = 0; i < 40; ++i)
+    m.enqueue(req([&](std::error_code, Reply) { m.enqueue(req(follow_ups.slot(asked++))); }));
+  (void)m.prepare_write();
+  m.write_done();
+  std::string wire;
+  for (int i = 0; i < 40; ++i) wire += "+OK\r\n";
+  ASSERT_FALSE(m.feed(wire.data(), wire.size()));
+  EXPECT_EQ(waiting_at_flush, (std::vector<std::size_t>{16, 32}));
+  EXPECT_EQ(asked, 40u);
+  // A later feed counts afresh: 10 completions, no flush.
+  m.set_flush(16, [](void* p) { static_cast<Ctx*>(p)->seen->push_back(999); }, &ctx);
+  (void)m.prepare_write();
+  m.write_done();
+  std::string ten;
+  for (int i = 0; i < 10; ++i) ten += "+OK\r\n";
+  ASSERT_FALSE(m.feed(ten.data(), ten.size()));
+  EXPECT_EQ(waiting_at_flush.size(), 2u);
+}
+
 TEST(Multiplexer, PipelineFedOneByteAtATimeCompletesEachRequestAsSoonAsItsReplyIsWhole) {
   const auto ws = every_reply_type();
   Multiplexer m;
