@@ -1,6 +1,8 @@
 // The Redis client: one event loop multiplexes every caller's commands over a
 // few connections. Commands submitted while a write is in flight leave
-// together in the next write (automatic pipelining) and replies are matched in
+// together in the next write (automatic pipelining), and what the completions
+// of a large read submit leaves every 16 completions rather than after the
+// whole read, so the server works while we finish it. Replies are matched in
 // order. Every call has a deadline; when a connection breaks, every call in
 // flight on it fails at once with errc::connection_lost and the client
 // reconnects with backoff; calls made while disconnected wait for a connection

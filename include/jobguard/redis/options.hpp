@@ -28,7 +28,9 @@ struct ConnectionOptions {
   std::string client_name;    // CLIENT SETNAME, so `CLIENT LIST` shows who we are
 
   // Number of multiplexed connections shared by every caller. Default 1; the
-  // event loop is the bottleneck long before one socket is.
+  // event loop is the bottleneck long before one socket is (docs/bench.md:
+  // one and two connections within a few % at 64 callers). Commands a caller
+  // issues without waiting keep their order only on one connection.
   int connections = 1;
   // Connect (TCP + TLS + AUTH/SELECT) deadline. Default 2 s; must be > 0.
   std::chrono::milliseconds connect_timeout{2000};
