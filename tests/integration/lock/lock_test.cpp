@@ -120,6 +120,45 @@ TEST_F(LockTest, WaiterIsWokenByTheReleaseNotBackoff) {
   EXPECT_LT(got - released, 2s) << "the waiter slept through the release notification";
 }
 
+TEST_F(LockTest, WaitersOfOneServiceShareTheChannelAndEachIsWokenByARelease) {
+  // B subscribes; C joins B's confirmed channel and so skips the look-again
+  // attempt. Huge backoffs: only release messages can wake them in time.
+  const std::string r = resource("shared");
+  auto a = svc->acquire(r);
+  ASSERT_TRUE(a);
+  const LockOptions slow{.wait = 20s, .backoff_min = 10s, .backoff_max = 10s};
+  std::optional<Lock> b, c;
+  std::atomic<bool> b_got{false}, c_got{false};
+  std::thread tb([&] {
+    b = svc->acquire(r, slow);
+    b_got = b.has_value();
+  });
+  const std::string channel = svc->keys().channel(r);
+  ASSERT_TRUE(eventually([&] {
+    auto n = client->exec(redis::Command{"PUBSUB", "NUMSUB", channel});
+    return n.is_array() && n.elements.size() == 2 && n.elements[1].integer == 1;
+  }, 5s));
+  std::this_thread::sleep_for(100ms);
+  std::thread tc([&] {
+    c = svc->acquire(r, slow);
+    c_got = c.has_value();
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(b_got || c_got);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(a->release());
+  const bool one = eventually([&] { return b_got || c_got; }, 2s);
+  if (one) {
+    // Whichever won releases: the other must wake for that release too.
+    EXPECT_TRUE((b_got ? b : c)->release());
+  }
+  tb.join();
+  tc.join();
+  ASSERT_TRUE(one) << "nobody woke for the first release";
+  EXPECT_TRUE(b_got && c_got);
+  EXPECT_LT(Clock::now() - t0, 5s) << "a waiter slept through a release";
+}
+
 TEST_F(LockTest, LostNotificationCostsOneBackoffNotAHang) {
   auto a = svc->acquire(resource("lost"));
   ASSERT_TRUE(a);
