@@ -5,7 +5,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <future>
-#include <mutex>
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
@@ -127,14 +126,12 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   const KeyBuilder keys;
   const std::string grant_channel;
 
-  std::mutex sub_mu;  // guards lazy creation only
-  std::unique_ptr<redis::Subscriber> subscriber;
+  std::unique_ptr<redis::Subscriber> subscriber;  // made on first wait; loop thread only
   std::unordered_map<std::string, Channel> channels;               // by channel name; loop thread only
   std::unordered_map<std::string, WaiterBase*> granted_by_token;   // fair waiters; loop thread only
   std::unordered_map<std::string, Clock::time_point> abandoned;   // token -> forget after; loop thread only
 
   redis::Subscriber& sub() {
-    std::lock_guard<std::mutex> g(sub_mu);
     if (!subscriber) {
       subscriber = std::make_unique<redis::Subscriber>(client);
       // Messages published while we were reconnecting are gone: wake every
