@@ -1,6 +1,7 @@
 // The CLI is a thin layer: each subcommand lives in its own cmd_*.cpp, parses
-// its flags with CLI11 and calls the library. Subcommands register themselves
-// (JOBGUARD_COMMAND) so main.cpp is only the dispatcher.
+// its flags with CLI11 and calls the library. main.cpp dispatches through one
+// explicit table of them (kCommands), so --help order is the table's, not the
+// link order.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -34,19 +35,28 @@ struct Globals {
 // thrown as jobguard::Error are mapped to exit statuses by main.
 using Action = std::function<int()>;
 
-// Called once at startup with the root app: add the subcommand, return its action.
-using Registrar = std::function<void(CLI::App& root, Globals& globals, std::vector<std::pair<CLI::App*, Action>>& out)>;
+// Each subcommand with the action to run when it was parsed.
+using Commands = std::vector<std::pair<CLI::App*, Action>>;
 
-bool register_command(Registrar r);
-const std::vector<Registrar>& registrars();
+// One per cmd_<name>.cpp: adds the subcommand `<name>` to the root app and
+// its action(s) to `out`. Called once at startup, in main.cpp's kCommands order.
+// (This replaces the old self-registration: a file that still ends with
+// `JOBGUARD_COMMAND(add);` inside its anonymous namespace becomes
+//   }  // namespace
+//   void add_<name>(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
+// plus a declaration here and a line in kCommands.)
+void add_bench(CLI::App& root, Globals& g, Commands& out);
+void add_demo(CLI::App& root, Globals& g, Commands& out);
+void add_jobs(CLI::App& root, Globals& g, Commands& out);
+void add_pg(CLI::App& root, Globals& g, Commands& out);
+void add_run(CLI::App& root, Globals& g, Commands& out);
+void add_serve(CLI::App& root, Globals& g, Commands& out);
+
+// `jobguard --version`: our version, the client libraries', the build type.
+std::string version_text();
 
 // Maps a library error to the documented exit status.
 int exit_status_for(const jobguard::Error& e);
-
-#define JOBGUARD_CAT2(a, b) a##b
-#define JOBGUARD_CAT(a, b) JOBGUARD_CAT2(a, b)
-#define JOBGUARD_COMMAND(fn) \
-  static const bool JOBGUARD_CAT(jobguard_registered_, __LINE__) = ::jobguard::cli::register_command(fn)
 
 // The command line exactly as main() received it (argv[1..]), for a
 // subcommand that must pass arguments on verbatim (`run -- CMD...`): CLI11

@@ -19,7 +19,7 @@
 #include "bench_ops.hpp"
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 
@@ -290,7 +290,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   });
 }
 
-JOBGUARD_COMMAND(add);
-
 }  // namespace
+
+void add_bench(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

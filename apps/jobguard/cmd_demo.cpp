@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "cli.hpp"
-#include "jobguard/embedded_redis.hpp"
-#include "jobguard/job/demo.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
+#include "billing/demo.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -127,7 +127,7 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
   return exit_code::ok;
 }
 
-JOBGUARD_COMMAND([](CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+void add(CLI::App& root, Globals& g, Commands& out) {
   auto* sub = root.add_subcommand("demo", "Run the billing scenario, guarded beside naive, with injected faults");
   auto args = std::make_shared<DemoArgs>();
   sub->add_option("--workers", args->workers, "Worker threads per run")->capture_default_str()->check(CLI::Range(1, 256));
@@ -142,7 +142,9 @@ JOBGUARD_COMMAND([](CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*,
       "With --postgres URL the guarded run keeps its completion records in PostgreSQL (migrated first).");
   CLI::App* rootp = &root;
   out.emplace_back(sub, [rootp, &g, args] { return demo(rootp, g, *args); });
-});
+}
 
 }  // namespace
+
+void add_demo(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

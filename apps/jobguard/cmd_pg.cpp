@@ -60,7 +60,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(mig, [&g, args] { return run_migrate(g, *args); });
 }
 
-JOBGUARD_COMMAND(add);
-
 }  // namespace
+
+void add_pg(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

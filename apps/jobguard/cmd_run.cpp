@@ -487,7 +487,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   });
 }
 
-JOBGUARD_COMMAND(add);
-
 }  // namespace
+
+void add_run(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

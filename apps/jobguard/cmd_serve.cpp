@@ -47,14 +47,16 @@ int serve(const Globals& g, const std::string& listen) {
   return exit_code::ok;
 }
 
-JOBGUARD_COMMAND([](CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+void add(CLI::App& root, Globals& g, Commands& out) {
   auto* sub = root.add_subcommand("serve", "Serve lock metrics for Prometheus until SIGINT/SIGTERM");
   auto listen = std::make_shared<std::string>("127.0.0.1:9464");
   sub->add_option("--listen", *listen, "HOST:PORT to listen on; [IPv6]:PORT; port 0 picks a free one")
       ->capture_default_str();
   sub->footer("Endpoints: GET /metrics (Prometheus text 0.0.4), GET /metrics.json, GET /healthz.");
   out.emplace_back(sub, [&g, listen] { return serve(g, *listen); });
-});
+}
 
 }  // namespace
+
+void add_serve(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -10,18 +10,19 @@
 
 namespace jobguard::cli {
 namespace {
-std::vector<Registrar>& registry() {
-  static std::vector<Registrar> r;
-  return r;
-}
+
+// Every subcommand, in --help order (as ninja's kTools). A new cmd_<name>.cpp
+// adds its add_<name> to cli.hpp and one line here.
+struct CommandEntry {
+  const char* name;  // the subcommand add() creates; checked at startup
+  void (*add)(CLI::App& root, Globals& g, Commands& out);
+};
+constexpr CommandEntry kCommands[] = {
+    {"run", add_run},     {"jobs", add_jobs},   {"pg", add_pg},
+    {"demo", add_demo},   {"bench", add_bench}, {"serve", add_serve},
+};
+
 }  // namespace
-
-bool register_command(Registrar r) {
-  registry().push_back(std::move(r));
-  return true;
-}
-
-const std::vector<Registrar>& registrars() { return registry(); }
 
 std::vector<std::string>& raw_args_storage() {
   static std::vector<std::string> a;
@@ -75,14 +76,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"human", "json"}));
   app.fallthrough();
 
-  std::vector<std::pair<CLI::App*, Action>> actions;
-  for (auto& r : registrars()) r(app, g, actions);
+  app.set_version_flag("--version", version_text, "Print the version, the client libraries' and the build type");
+
+  Commands actions;
+  for (const auto& c : kCommands) {
+    c.add(app, g, actions);
+    app.get_subcommand(c.name);  // throws if the table's name and the file's disagree
+  }
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line, naming what is wrong; usage status as sysexits(3) EX_USAGE.

@@ -17,10 +17,13 @@
 #include <string_view>
 #include <system_error>
 
-#include "jobguard/redis/client.hpp"
-
+// No Asio here: a translation unit that only takes and releases locks does
+// not pay for <jobguard/redis/client.hpp> (Boost.Asio, ~580 headers). The one
+// that constructs the Client includes it.
 namespace jobguard {
 namespace redis {
+class Client;
+class Script;
 class Subscriber;
 }
 namespace observe {
@@ -88,7 +91,7 @@ struct LockOptions {
   // Default off. Every client contending on a fair lock must use fair mode.
   bool fair = false;
   // Goes into the token's readable prefix and into logs.
-  std::string job_id;
+  std::string job_id{};
   // Metrics and logs are per lock class, never per key.
   std::string lock_class = "default";
   // Fallback backoff while waiting: full jitter in [0, min(max, min*2^n)];

@@ -11,6 +11,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/observe/metrics.hpp"
+#include "jobguard/redis/client.hpp"
 #include "lock/lease_timeline.hpp"
 
 namespace jobguard {

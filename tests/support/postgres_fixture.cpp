@@ -14,7 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 
 namespace jobguard::test {
 namespace {

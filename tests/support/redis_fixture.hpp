@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/options.hpp"
 

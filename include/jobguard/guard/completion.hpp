@@ -25,15 +25,15 @@ class Client;
 namespace jobguard::guard {
 
 struct CompletionRecord {
-  std::string job_kind, entity, run_id;
-  std::chrono::system_clock::time_point completed_at;  // the server's clock
-  std::string completed_by;
-  std::string result;
+  std::string job_kind{}, entity{}, run_id{};
+  std::chrono::system_clock::time_point completed_at{};  // the server's clock
+  std::string completed_by{};
+  std::string result{};
 };
 
 struct RecordOutcome {
   bool recorded = false;     // true: ours is the record; false: it had already run
-  CompletionRecord record;   // ours, or the one that was there first
+  CompletionRecord record{}; // ours, or the one that was there first
 };
 
 class CompletionStore {

@@ -43,11 +43,11 @@ struct BeginResult {
   bool reclaimed = false;  // claimed after an earlier owner's lease passed
   // claimed: our owner token (pass it to complete/abandon); in_progress: the
   // holder; completed: who completed it.
-  std::string owner;
-  std::chrono::system_clock::time_point since;  // when the current attempt began (server clock)
+  std::string owner{};
+  std::chrono::system_clock::time_point since{};  // when the current attempt began (server clock)
   std::chrono::milliseconds lease_left{0};      // in_progress: until it becomes claimable
-  std::string result;                           // completed: the stored result
-  std::string stored_fingerprint;               // fingerprint_conflict: the one on record
+  std::string result{};                         // completed: the stored result
+  std::string stored_fingerprint{};             // fingerprint_conflict: the one on record
 };
 
 struct IdempotencyOptions {

@@ -33,7 +33,7 @@ namespace jobguard::guard {
 
 struct PgOptions {
   // postgresql://user:pass@host:port/db?... or "host=... dbname=..." (libpq syntax).
-  std::string url;
+  std::string url{};
   // Connect deadline. Default 5 s. libpq counts whole seconds and treats
   // values under 2 s as 2 s; zero is refused (every call has a deadline).
   std::chrono::seconds connect_timeout{5};
@@ -49,7 +49,7 @@ using PgValue = std::optional<std::string>;
 using PgParams = std::vector<PgValue>;
 
 struct PgResult {
-  std::vector<std::vector<PgValue>> rows;
+  std::vector<std::vector<PgValue>> rows{};
   std::uint64_t affected_rows = 0;
   bool empty() const noexcept { return rows.empty(); }
 };
@@ -75,7 +75,7 @@ struct FenceResult {
   FenceOutcome outcome = FenceOutcome::stale;
   // The token stored after the call (ours when accepted, the newer one when
   // stale; nullopt when missing or never fenced).
-  std::optional<std::int64_t> stored_fence;
+  std::optional<std::int64_t> stored_fence{};
   bool accepted() const noexcept { return outcome == FenceOutcome::accepted; }
 };
 
@@ -84,12 +84,12 @@ struct FenceResult {
 // Identifiers are quoted by us; `assignments` is SQL written by the caller with
 // its own parameters numbered from $3 (values[0] is $3).
 struct FencedUpdate {
-  std::string table;
+  std::string table{};
   std::string id_column = "id";
   std::string fence_column = "fence";
-  std::string assignments;  // e.g. "status = $3, amount = $4"; may be empty
-  std::string id;
-  PgParams values;
+  std::string assignments{};  // e.g. "status = $3, amount = $4"; may be empty
+  std::string id{};
+  PgParams values{};
   FenceCompare compare = FenceCompare::same_or_newer;
 };
 
@@ -175,7 +175,7 @@ FenceResult advance_fence(PgConnection& conn, std::string_view resource, std::in
 struct MigrateReport {
   int from_version = 0;
   int to_version = 0;
-  std::vector<std::string> created;  // "table jobguard_fences", ...; empty when up to date
+  std::vector<std::string> created{};  // "table jobguard_fences", ...; empty when up to date
 };
 
 // Creates the jobguard tables (IF NOT EXISTS, one transaction, serialised by

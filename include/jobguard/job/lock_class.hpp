@@ -55,7 +55,7 @@ std::optional<RedisDownPolicy> parse_redis_down_policy(std::string_view s) noexc
 
 struct LockClass {
   // Metrics label and log field: [A-Za-z0-9_.-]{1,64}. Required.
-  std::string name;
+  std::string name{};
   // The lock's resource for a unit: "{id}" is replaced by the unit id
   // ("invoice:{id}" -> "invoice:48291"). Without "{id}" every unit of the
   // class shares one lock ("tenant:alpha:sync"). Default "{id}".
@@ -80,8 +80,8 @@ struct LockClass {
   std::chrono::milliseconds min_time_left{0};
   // Documentation, required for the catalog: who owns the lock and what a
   // double run would damage.
-  std::string owner;
-  std::string protects;
+  std::string owner{};
+  std::string protects{};
 
   // The lock resource of one unit.
   std::string resource_for(std::string_view unit_id) const;

@@ -25,10 +25,10 @@ namespace jobguard::job {
 
 struct ProcessOptions {
   // argv[0] is looked up on PATH as execvp(3) does. Must not be empty.
-  std::vector<std::string> argv;
+  std::vector<std::string> argv{};
   // Added to the inherited environment; an entry replaces a variable of the
   // same name.
-  std::vector<std::pair<std::string, std::string>> env;
+  std::vector<std::pair<std::string, std::string>> env{};
 };
 
 struct ExitStatus {

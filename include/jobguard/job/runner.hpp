@@ -75,24 +75,24 @@ struct RunnerBackends {
   // derived and handed to the effect for the downstream to honour.
   guard::IdempotencyStore* idempotency = nullptr;
   // High classes: required (run `jobguard pg migrate` first).
-  std::optional<guard::PgOptions> postgres;
+  std::optional<guard::PgOptions> postgres{};
   // Where the runner's events go (skipped, acquired, busy, fail_open,
   // completed, failed...); null = none.
   observe::EventLog* log = nullptr;
   // Goes into completion records' completed_by. Default "host/pid".
-  std::string worker;
+  std::string worker{};
 };
 
 struct Unit {
   // The business object; fills "{id}" in the class's key pattern. Required.
-  std::string id;
+  std::string id{};
   // Which run of the unit this is ("2026-11" for a monthly charge): a unit
   // completes once per run id. Required.
-  std::string run_id;
+  std::string run_id{};
   // For logs and the lock token's readable prefix. Default: "<class>:<id>".
-  std::string job_id;
+  std::string job_id{};
   // The request fingerprint for the idempotency store. Default: run_id.
-  std::string fingerprint;
+  std::string fingerprint{};
   // > 0: the effect runs once per chunk 0..chunks-1, checkpointed after each.
   int chunks = 0;
 };
@@ -113,11 +113,11 @@ const char* to_string(Outcome o) noexcept;
 struct RunResult {
   Outcome outcome = Outcome::failed;
   bool fail_open = false;     // ran without the Redis lock by the class's policy
-  std::string detail;         // one line: why (empty when completed)
-  std::string result;         // completed / already_done: the recorded result
+  std::string detail{};       // one line: why (empty when completed)
+  std::string result{};       // completed / already_done: the recorded result
   int chunks_run = 0;         // chunks whose effect ran in this call
   int chunks_skipped = 0;     // chunks a checkpoint showed done
-  std::optional<std::int64_t> fence;
+  std::optional<std::int64_t> fence{};
   std::chrono::milliseconds elapsed{0};
   bool ok() const noexcept { return outcome == Outcome::completed || outcome == Outcome::already_done; }
 };

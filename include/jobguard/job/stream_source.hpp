@@ -27,11 +27,11 @@ namespace jobguard::job {
 
 struct StreamOptions {
   // The stream key; required.
-  std::string stream;
+  std::string stream{};
   // The consumer group. Default "jobguard".
   std::string group = "jobguard";
   // Where dead jobs go. Default empty = "<stream>:dead".
-  std::string dead_letter;
+  std::string dead_letter{};
   // How long next() waits for a new job (XREADGROUP BLOCK). Default 200 ms;
   // must be in [1 ms, 1 s]: a short block keeps shutdown and reclaiming prompt.
   std::chrono::milliseconds block{200};
@@ -46,8 +46,8 @@ struct StreamOptions {
 };
 
 struct StreamJob {
-  std::string id;                                          // the stream entry id
-  std::vector<std::pair<std::string, std::string>> fields;  // as added
+  std::string id{};                                        // the stream entry id
+  std::vector<std::pair<std::string, std::string>> fields{};  // as added
   bool reclaimed = false;         // taken over from a stalled consumer
   std::int64_t deliveries = 1;    // known for reclaimed and failed jobs; 1 otherwise
   // The value of field `name`, or empty.
@@ -56,19 +56,19 @@ struct StreamJob {
 
 // One entry of the group's pending list (XPENDING, extended form).
 struct PendingEntry {
-  std::string id;
-  std::string consumer;            // who holds it now
+  std::string id{};
+  std::string consumer{};          // who holds it now
   std::chrono::milliseconds idle{0};  // since its last delivery
   std::int64_t deliveries = 0;
 };
 
 // One entry of the dead-letter stream: a job moved there after max_attempts.
 struct DeadLetter {
-  std::string id;         // its id in the dead-letter stream
-  std::string source_id;  // its id in the job stream
+  std::string id{};       // its id in the dead-letter stream
+  std::string source_id{};  // its id in the job stream
   std::int64_t attempts = 0;
-  std::string last_error;
-  std::vector<std::pair<std::string, std::string>> fields;  // the job's own fields
+  std::string last_error{};
+  std::vector<std::pair<std::string, std::string>> fields{};  // the job's own fields
 };
 
 class StreamSource {

@@ -94,11 +94,11 @@ struct LockClassMetrics {
 
 // A plain copy of one class's numbers.
 struct LockClassSnapshot {
-  std::string lock_class;
+  std::string lock_class{};
   std::uint64_t acquisitions_total = 0;
   std::uint64_t busy_total = 0;
-  HistogramSnapshot wait_seconds;
-  HistogramSnapshot hold_seconds;
+  HistogramSnapshot wait_seconds{};
+  HistogramSnapshot hold_seconds{};
   std::uint64_t renewals_total = 0;
   std::uint64_t renewal_failures_total = 0;
   std::uint64_t leases_lost_total = 0;

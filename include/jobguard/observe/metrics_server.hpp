@@ -22,7 +22,7 @@
 namespace jobguard::observe {
 
 struct ListenAddress {
-  std::string host;  // "127.0.0.1", "0.0.0.0", "::1" (no brackets), "localhost"
+  std::string host{};  // "127.0.0.1", "0.0.0.0", "::1" (no brackets), "localhost"
   std::uint16_t port = 0;
 };
 

@@ -11,21 +11,21 @@ namespace jobguard::redis {
 
 struct TlsOptions {
   bool enabled = false;       // rediss:// sets it
-  std::string ca_file;        // PEM bundle; empty = the system default paths
-  std::string server_name;    // SNI and the name verified; empty = the URL host
+  std::string ca_file{};      // PEM bundle; empty = the system default paths
+  std::string server_name{};  // SNI and the name verified; empty = the URL host
   bool verify_peer = true;    // false only for tests against self-signed servers
-  std::string cert_file;      // client certificate (mutual TLS), optional
-  std::string key_file;
+  std::string cert_file{};    // client certificate (mutual TLS), optional
+  std::string key_file{};
 };
 
 struct ConnectionOptions {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6379;
-  std::string user;           // ACL user; empty = the default user
-  std::string password;       // empty = no AUTH
+  std::string user{};         // ACL user; empty = the default user
+  std::string password{};     // empty = no AUTH
   int db = 0;                 // SELECT db after connecting when non-zero
-  TlsOptions tls;
-  std::string client_name;    // CLIENT SETNAME, so `CLIENT LIST` shows who we are
+  TlsOptions tls{};
+  std::string client_name{};  // CLIENT SETNAME, so `CLIENT LIST` shows who we are
 
   // Number of multiplexed connections shared by every caller. Default 1; the
   // event loop is the bottleneck long before one socket is (docs/bench.md:

@@ -14,8 +14,8 @@ struct Reply {
 
   Type type = Type::nil;
   std::int64_t integer = 0;
-  std::string str;               // bulk string, status text or error text
-  std::vector<Reply> elements;   // array members
+  std::string str{};             // bulk string, status text or error text
+  std::vector<Reply> elements{}; // array members
 
   bool is_nil() const noexcept { return type == Type::nil; }
   bool is_error() const noexcept { return type == Type::error; }

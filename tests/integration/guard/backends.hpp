@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
 #include "jobguard/redis/client.hpp"

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "support/postgres_fixture.hpp"
 
 using namespace jobguard;

@@ -7,7 +7,7 @@
 #include <atomic>
 #include <thread>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "support/postgres_fixture.hpp"

@@ -2,13 +2,13 @@
 // Redis restart fault: the guarded run charges every subscription exactly once
 // and its faults really happened (stale writes rejected); the naive run
 // double-charges under the same faults.
-#include "jobguard/job/demo.hpp"
+#include "billing/demo.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "support/postgres_fixture.hpp"

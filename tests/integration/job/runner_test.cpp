@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"

@@ -1,6 +1,9 @@
 // A private redis-server: a child process on a free loopback port, in its own
-// temporary directory, stopped when this object dies. Tests use it as their
-// fixture; the CLI uses it when asked for an "embedded" Redis (`jobguard demo`).
+// temporary directory, stopped when this object dies. A test fixture, not part
+// of the library proper: it lives in the `jobguard::testing` target (link it
+// from your tests to start a throwaway server; redis-server must be on PATH).
+// jobguard's own tests use it, and the CLI when asked for an "embedded" Redis
+// (`jobguard demo`, `jobguard bench --embedded`).
 //
 // Threads: not thread-safe; one owner. The child is killed (SIGKILL) and
 // reaped in the destructor, so nothing outlives the owner.
@@ -18,13 +21,13 @@ namespace jobguard {
 struct EmbeddedRedisOptions {
   std::string server_binary = "redis-server";  // looked up on PATH
   // Extra `--name value` arguments (e.g. {"--requirepass", "s3cret"}).
-  std::vector<std::string> extra_args;
+  std::vector<std::string> extra_args{};
   // Persistence is off by default (`--save "" --appendonly no`): tests that
   // need a restart to lose data rely on it.
   bool persistence = false;
   // TLS: when cert/key/ca are set the server also listens with --tls-port on
   // a second free port, and url() names that one.
-  std::string tls_cert_file, tls_key_file, tls_ca_file;
+  std::string tls_cert_file{}, tls_key_file{}, tls_ca_file{};
   // How long start() waits for the server to answer. Default 10 s.
   std::chrono::milliseconds start_timeout{10000};
   // Use this port instead of picking a free one (0 = pick).

@@ -25,13 +25,13 @@ namespace jobguard::job {
 
 struct BillingDemoOptions {
   // Where the streams and locks live; required.
-  std::string redis_url;
+  std::string redis_url{};
   // When set, the Redis restart fault restarts this server (no persistence)
   // mid-run. Null (an external Redis): the restart fault is skipped.
   EmbeddedRedis* restartable = nullptr;
   // When set, the guarded run's completion records go to this PostgreSQL
   // (migrated first); otherwise to an in-process store standing in for it.
-  std::string postgres_url;
+  std::string postgres_url{};
   // Subscriptions to charge. Default 120,000; must be >= 1.
   int subscriptions = 120000;
   // Worker threads per run. Default 8; must be in [1, 256].
@@ -46,7 +46,7 @@ struct BillingDemoOptions {
   // Gives up (and reports what is missing) after this long. Default 0 = 10 x ideal + 60 s.
   std::chrono::milliseconds give_up{0};
   // Called about 5 times a second with the completed fraction of each run.
-  std::function<void(double guarded, double naive)> progress;
+  std::function<void(double guarded, double naive)> progress{};
 };
 
 struct BillingRunResult {
@@ -65,7 +65,7 @@ struct BillingRunResult {
 };
 
 struct BillingDemoResult {
-  BillingRunResult guarded, naive;
+  BillingRunResult guarded{}, naive{};
   int subscriptions = 0, workers = 0, chunk = 0;
   double scale = 0;
   bool redis_restarted = false;

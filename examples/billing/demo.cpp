@@ -1,4 +1,4 @@
-#include "jobguard/job/demo.hpp"
+#include "billing/demo.hpp"
 
 #include <unistd.h>
 
@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/postgres.hpp"

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <thread>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 
 namespace jobguard {

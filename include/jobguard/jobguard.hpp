@@ -1,0 +1,43 @@
+// Everything in jobguard::jobguard, in one include. A translation unit that
+// needs one part includes that part's headers instead (a lock user:
+// <jobguard/lock.hpp>, <jobguard/lease.hpp>) and compiles faster.
+//
+// Not here: <jobguard/testing/embedded_redis.hpp> (the test fixture, target
+// jobguard::testing) and <jobguard/observe/json.hpp> (pulls in nlohmann/json).
+// The consumer test (tests/consumer) fails when a header is neither here nor
+// named in this comment.
+#pragma once
+
+#include "jobguard/duration.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/version.hpp"
+
+// jobguard::redis
+#include "jobguard/redis/client.hpp"
+#include "jobguard/redis/command.hpp"
+#include "jobguard/redis/options.hpp"
+#include "jobguard/redis/reply.hpp"
+#include "jobguard/redis/script.hpp"
+#include "jobguard/redis/subscriber.hpp"
+
+// jobguard::lock
+#include "jobguard/lease.hpp"
+#include "jobguard/lock.hpp"
+
+// jobguard::guard (FenceCheck, the Redis stores) and jobguard::pg (the Pg* classes)
+#include "jobguard/guard/completion.hpp"
+#include "jobguard/guard/fence_check.hpp"
+#include "jobguard/guard/idempotency.hpp"
+#include "jobguard/guard/postgres.hpp"
+
+// jobguard::job
+#include "jobguard/job/lock_class.hpp"
+#include "jobguard/job/process.hpp"
+#include "jobguard/job/runner.hpp"
+#include "jobguard/job/stream_source.hpp"
+
+// jobguard::observe
+#include "jobguard/observe/event_log.hpp"
+#include "jobguard/observe/exposition.hpp"
+#include "jobguard/observe/metrics.hpp"
+#include "jobguard/observe/metrics_server.hpp"
