@@ -1,0 +1,45 @@
+// The dispatcher itself (apps/jobguard/main.cpp): the command table and
+// --version, by running the real binary. No server needed.
+#include <gtest/gtest.h>
+
+#include <boost/version.hpp>
+#include <string>
+
+#include "jobguard/version.hpp"
+#include "support/subprocess.hpp"
+
+namespace jobguard::test {
+namespace {
+
+TEST(CliMain, VersionNamesJobguardTheClientLibrariesAndTheBuildType) {
+  auto r = run_jobguard({"--version"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(std::string("jobguard ") + jobguard::version_string + " (", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" build)"), std::string::npos) << r.out;
+  for (const char* lib : {"\nhiredis 0.", "\nlibpqxx ", "\nlibpq ", "\nOpenSSL ", "\nBoost 1."})
+    EXPECT_NE(r.out.find(lib), std::string::npos) << "missing " << lib << " in:\n" << r.out;
+  EXPECT_NE(r.out.find("Boost " + std::to_string(BOOST_VERSION / 100000) + "." +
+                       std::to_string(BOOST_VERSION / 100 % 1000) + "."),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(CliMain, HelpListsEverySubcommandOfTheTableInItsOrder) {
+  auto r = run_jobguard({"--help"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::size_t at = r.out.find("Subcommands:");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  for (const char* name : {"\n  run ", "\n  jobs ", "\n  pg ", "\n  demo ", "\n  bench ", "\n  serve "}) {
+    const auto next = r.out.find(name, at);
+    ASSERT_NE(next, std::string::npos) << "missing or out of order: " << name << "\n" << r.out;
+    at = next;
+  }
+}
+
+TEST(CliMain, NoSubcommandIsAUsageError) {
+  auto r = run_jobguard({});
+  EXPECT_EQ(r.status, 64) << r.out << r.err;
+}
+
+}  // namespace
+}  // namespace jobguard::test
