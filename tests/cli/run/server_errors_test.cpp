@@ -37,7 +37,7 @@ TEST_F(RunServerErrors, OutOfMemoryServerGivesItsOomTextHostAndKeyAndExit69) {
   }
   ASSERT_TRUE(full) << "the server never filled up";
 
-  const auto r = run_jobguard({jobguard_binary(), "--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
+  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
   EXPECT_EQ(r.status, 69) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("OOM command not allowed"), std::string::npos) << r.err;
@@ -48,7 +48,7 @@ TEST_F(RunServerErrors, OutOfMemoryServerGivesItsOomTextHostAndKeyAndExit69) {
 TEST_F(RunServerErrors, ReadOnlyReplicaGivesItsReadonlyTextAndExit69) {
   // A replica of an unreachable master still answers, read-only.
   admin("REPLICAOF 127.0.0.1 1");
-  const auto r = run_jobguard({jobguard_binary(), "--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
+  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
   EXPECT_EQ(r.status, 69) << r.err;
   EXPECT_NE(r.err.find("READONLY"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("jobguard:lock:{k}"), std::string::npos) << r.err;

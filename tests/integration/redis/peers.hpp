@@ -104,7 +104,10 @@ class HostileServer {
         char buf[4096];
         const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
         if (n <= 0) {
-          if (fd == hostile_fd_) hostile_closed_ = true;
+          if (fd == hostile_fd_) {
+            hostile_closed_ = true;
+            hostile_fd_ = -1;  // the number may be reused by the next connection
+          }
           drop(fd);
           continue;
         }
@@ -134,6 +137,8 @@ class HostileServer {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       if (n < 0) {
         hostile_closed_ = true;  // EPIPE / ECONNRESET: the client closed it
+        hostile_fd_ = -1;
+        drop(fd);
         return;
       }
       flooded_ += static_cast<std::uint64_t>(n);

@@ -115,14 +115,18 @@ TEST_F(RedisSubscriber, LockWaiterWithoutPubSubRightsSaysSoAndStillGetsTheLockBy
   auto svc = LockService::create(c, KeyBuilder("t" + std::to_string(server->port())));
   auto holder = svc->acquire("res", LockOptions{.ttl = 10s});
   ASSERT_TRUE(holder);
+  const std::string lock_key = svc->keys().lock_key("res");
   std::thread releaser([&] {
-    // Released only once the waiter has reported that it cannot listen.
+    // Freed only once the waiter has reported that it cannot listen; by an
+    // admin DEL, since this user may not PUBLISH (the release script would).
     eventually([&] { return static_cast<bool>(svc->subscriber_error()); }, Ms(10000));
-    holder->release();
+    admin("DEL " + lock_key);
   });
   auto got = svc->acquire("res", LockOptions{.ttl = 10s, .wait = 20s, .backoff_max = 50ms});
   releaser.join();
+  holder->detach();
   EXPECT_TRUE(got.has_value()) << "polling must still find the released lock";
+  if (got) got->detach();
   const Error e = svc->subscriber_error();
   EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
   EXPECT_NE(std::string(e.what()).find("NOPERM"), std::string::npos) << e.what();
