@@ -34,7 +34,7 @@ auto async_acquire(LockService& svc, std::string resource, LockOptions opts, Tok
       [&svc](auto handler, std::string r, LockOptions o) {
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
         svc.async_acquire(std::move(r), std::move(o),
-                          [h](std::error_code ec, std::optional<Lock> l) { (*h)(ec, std::move(l)); });
+                          [h](const Error& e, std::optional<Lock> l) { (*h)(e.code(), std::move(l)); });
       },
       token, std::move(resource), std::move(opts));
 }
@@ -44,7 +44,7 @@ auto async_release(LockService& svc, const Lock& l, Token&& token) {
   return asio::async_initiate<Token, void(std::error_code, bool)>(
       [&svc, &l](auto handler) {
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
-        svc.async_release(l.resource(), l.token(), [h](std::error_code ec, bool ours) { (*h)(ec, ours); });
+        svc.async_release(l.resource(), l.token(), [h](const Error& e, bool ours) { (*h)(e.code(), ours); });
       },
       token);
 }

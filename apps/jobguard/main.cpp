@@ -44,12 +44,21 @@ CLI::Validator duration_validator() {
 }
 
 int exit_status_for(const jobguard::Error& e) {
-  switch (jobguard::next_step_for(e.code())) {
+  const auto code = e.code();
+  // A server that refused to serve us now, by kind of reply: OOM (maxmemory
+  // with noeviction), READONLY (a replica), MASTERDOWN, LOADING, BUSY (a
+  // script), TRYAGAIN, CLUSTERDOWN all arrive as server_busy with the
+  // server's own text in e.what(): unavailable, whatever the source.
+  if (code == errc::server_busy || code == errc::redis_unavailable || code == errc::postgres_unavailable)
+    return exit_code::unavailable;
+  // A credential or certificate the server rejects: the service is
+  // unavailable to us until an operator fixes it, not a usage error.
+  if (code == errc::auth_failed || code == errc::tls_error) return exit_code::unavailable;
+  if (code == errc::lease_lost || code == errc::stale_fence) return exit_code::lease_lost;
+  switch (e.next()) {
     case next_step::retry_call: return exit_code::unavailable;
     case next_step::restart_attempt: return exit_code::lease_lost;
-    case next_step::stop:
-      return e.code() == errc::auth_failed || e.code() == errc::tls_error ? exit_code::unavailable
-                                                                            : exit_code::usage;
+    case next_step::stop: return exit_code::usage;
     default: return exit_code::unavailable;
   }
 }

@@ -4,8 +4,11 @@
 // because the side effect is in doubt. "Lock is busy" is a result, not an error.
 #pragma once
 
-#include <stdexcept>
+#include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace jobguard {
@@ -47,17 +50,51 @@ inline std::error_code make_error_code(errc e) noexcept {
 next_step next_step_for(std::error_code ec) noexcept;
 const char* to_string(next_step s) noexcept;
 
-// Thrown by the blocking facades. `what()` is a one-line message that names
-// what is wrong and where (the URL part, the key, the server reply...).
-class Error : public std::runtime_error {
+// Which system a failure came from. The runner and the CLI decide by it (is
+// Redis down, or PostgreSQL?) instead of guessing from the code: a statement
+// timeout and a Redis timeout share errc::timeout.
+enum class error_source : std::uint8_t {
+  none,      // not said (argument checks, local logic)
+  redis,     // a Redis server or the connection to it
+  postgres,  // a PostgreSQL server or the connection to it
+  process,   // a child process jobguard supervises
+};
+const char* to_string(error_source s) noexcept;
+
+// The one error value: a code (what the caller does next), a one-line text
+// that keeps the story (the server's own words, its host:port, the key or
+// resource), and where it came from. Thrown by the blocking facades and
+// passed as `const Error&` to asynchronous handlers, where a
+// default-constructed Error means success.
+//
+// Cost: an Error that is no error holds no text and allocates nothing, so
+// handlers on the success path pay for a null pointer. Copies share the text.
+class Error : public std::exception {
  public:
-  Error(std::error_code ec, const std::string& detail);
-  explicit Error(errc e, const std::string& detail) : Error(make_error_code(e), detail) {}
+  Error() noexcept = default;
+  Error(std::error_code ec, const std::string& detail, error_source source = error_source::none);
+  Error(errc e, const std::string& detail, error_source source = error_source::none)
+      : Error(make_error_code(e), detail, source) {}
+
+  // True when this is an error.
+  explicit operator bool() const noexcept { return static_cast<bool>(code_); }
   std::error_code code() const noexcept { return code_; }
   next_step next() const noexcept { return next_step_for(code_); }
+  error_source source() const noexcept { return source_; }
+  // "<what the code means>: <detail>", one line; "ok" for no error.
+  const char* what() const noexcept override;
+  // The text after the code's meaning (what was asked, where, the server's words).
+  std::string_view detail() const noexcept;
+  // The same error with `context` put before the detail ("release of
+  // jobguard:lock:{k}"): how a layer that knows the key adds it on the error
+  // path only. No error stays no error.
+  Error with_context(std::string_view context) const;
 
  private:
   std::error_code code_;
+  error_source source_ = error_source::none;
+  std::uint32_t detail_at_ = 0;  // where detail() starts in *what_
+  std::shared_ptr<const std::string> what_;
 };
 
 }  // namespace jobguard

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "jobguard/error.hpp"
+
 // No Asio here: a translation unit that only takes and releases locks does
 // not pay for <jobguard/redis/client.hpp> (Boost.Asio, ~580 headers). The one
 // that constructs the Client includes it.
@@ -160,22 +162,33 @@ class LockService : public std::enable_shared_from_this<LockService> {
   redis::Client& client() noexcept { return client_; }
 
   // Acquires or gives up: returns nullopt when the lock stayed busy for the
-  // whole wait. Throws Error on Redis failures (errc::timeout, not_connected...)
-  // and on bad arguments.
+  // whole wait. Throws Error on Redis failures (errc::timeout, not_connected,
+  // server_busy for OOM/READONLY/LOADING..., with the server's text, its
+  // host:port and the key) and on bad arguments.
   std::optional<Lock> acquire(std::string_view resource, const LockOptions& opts = {});
 
-  // The asynchronous form; `done` runs on the event loop with ec set on a
-  // Redis failure, or ec clear and nullopt when busy.
-  using AcquireHandler = std::function<void(std::error_code, std::optional<Lock>)>;
+  // The asynchronous form; `done` runs on the event loop with an Error on a
+  // Redis failure (source redis; its text has the server's own words, its
+  // host:port and the lock key), or no error and nullopt when busy.
+  using AcquireHandler = std::function<void(const Error&, std::optional<Lock>)>;
   void async_acquire(std::string resource, LockOptions opts, AcquireHandler done);
 
   // Raw compare-and-delete / compare-and-pexpire by key and token; `done`
-  // gets true when the token still owned the key.
+  // gets true when the token still owned the key. An Error names the server
+  // and the operation; the key is for the caller to add (Error::with_context)
+  // so the success path carries no copy of it.
   // `fair`: the lock was taken in fair mode (its release hands it to the queue head).
-  void async_release(const std::string& resource, const std::string& token,
-                     std::function<void(std::error_code, bool)> done, bool fair = false);
+  using ReleaseHandler = std::function<void(const Error&, bool)>;
+  void async_release(const std::string& resource, const std::string& token, ReleaseHandler done,
+                     bool fair = false);
   void async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
-                    std::function<void(std::error_code, bool)> done);
+                    ReleaseHandler done);
+
+  // The last refusal by the server of the release subscriber's connection:
+  // AUTH rejected, or SUBSCRIBE forbidden (NOPERM: an ACL user without
+  // pub/sub rights). Waiters then fall back to polling with backoff. No error
+  // when there was none. Also written to the client's on_warning sink.
+  Error subscriber_error() const;
 
   struct Impl;
   // Internal, for src/lock: building a Lock value.

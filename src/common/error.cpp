@@ -1,5 +1,7 @@
 #include "jobguard/error.hpp"
 
+#include <cerrno>
+
 namespace jobguard {
 namespace {
 
@@ -38,9 +40,29 @@ const std::error_category& jobguard_category() noexcept {
   return c;
 }
 
+namespace {
+// OS error numbers that describe a network that may heal; any other foreign
+// code (a TLS library reason, a file that is missing, a bad descriptor) is a
+// condition a retry of the same call does not fix.
+bool transient_errno(int v) noexcept {
+  switch (v) {
+    case ECONNREFUSED: case ECONNRESET: case ECONNABORTED: case ETIMEDOUT: case EHOSTUNREACH:
+    case ENETUNREACH: case ENETDOWN: case ENETRESET: case EPIPE: case EAGAIN: case EINTR:
+    case ENOTCONN: case EADDRNOTAVAIL: case ENOBUFS: case EHOSTDOWN: case ECANCELED:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
 next_step next_step_for(std::error_code ec) noexcept {
   if (!ec) return next_step::none;
-  if (ec.category() != jobguard_category()) return next_step::retry_call;
+  // Codes from other categories are mapped explicitly, never by default to
+  // "retry": a loop that retries a configuration error forever hides it.
+  if (ec.category() == std::generic_category() || ec.category() == std::system_category())
+    return transient_errno(ec.value()) ? next_step::retry_call : next_step::stop;
+  if (ec.category() != jobguard_category()) return next_step::stop;
   const int v = ec.value();
   if (v >= 60) return next_step::check_record;
   if (v >= 40) return next_step::stop;
@@ -59,7 +81,39 @@ const char* to_string(next_step s) noexcept {
   return "?";
 }
 
-Error::Error(std::error_code ec, const std::string& detail)
-    : std::runtime_error(detail.empty() ? ec.message() : ec.message() + ": " + detail), code_(ec) {}
+const char* to_string(error_source s) noexcept {
+  switch (s) {
+    case error_source::none: return "jobguard";
+    case error_source::redis: return "redis";
+    case error_source::postgres: return "postgres";
+    case error_source::process: return "process";
+  }
+  return "?";
+}
+
+Error::Error(std::error_code ec, const std::string& detail, error_source source) : code_(ec), source_(source) {
+  std::string m = ec.message();
+  if (!detail.empty()) {
+    m += ": ";
+    detail_at_ = static_cast<std::uint32_t>(m.size());
+    m += detail;
+  } else {
+    detail_at_ = static_cast<std::uint32_t>(m.size());
+  }
+  what_ = std::make_shared<const std::string>(std::move(m));
+}
+
+const char* Error::what() const noexcept { return what_ ? what_->c_str() : "ok"; }
+
+std::string_view Error::detail() const noexcept {
+  if (!what_) return {};
+  return std::string_view(*what_).substr(detail_at_);
+}
+
+Error Error::with_context(std::string_view context) const {
+  if (!*this) return *this;
+  const std::string_view d = detail();
+  return Error(code_, d.empty() ? std::string(context) : std::string(context) + ": " + std::string(d), source_);
+}
 
 }  // namespace jobguard

@@ -26,37 +26,43 @@ std::string one_line(std::string_view s) {
   return out;
 }
 
+namespace {
+// Every error of this file is PostgreSQL's: the runner decides by the source
+// (a statement timeout is not Redis timing out).
+Error pg_error(errc e, const std::string& detail) { return Error(e, detail, error_source::postgres); }
+}  // namespace
+
 void rethrow_pg(std::string_view doing, std::chrono::milliseconds statement_timeout) {
   try {
     throw;
   } catch (const Error&) {
     throw;
   } catch (const pqxx::in_doubt_error& e) {
-    throw Error(errc::in_doubt, fmt::format("{}: the connection broke during COMMIT, the transaction may or may "
+    throw pg_error(errc::in_doubt, fmt::format("{}: the connection broke during COMMIT, the transaction may or may "
                                             "not have committed ({})",
                                             doing, one_line(e.what())));
   } catch (const pqxx::broken_connection& e) {
-    throw Error(errc::postgres_unavailable, fmt::format("{}: {}", doing, one_line(e.what())));
+    throw pg_error(errc::postgres_unavailable, fmt::format("{}: {}", doing, one_line(e.what())));
   } catch (const pqxx::sql_error& e) {
     const std::string& state = e.sqlstate();
     const std::string msg = one_line(e.what());
     if (state == "57014") {  // query_canceled: statement_timeout (or a cancel request)
-      throw Error(errc::timeout, fmt::format("{}: statement_timeout of {} ms exceeded ({})", doing,
+      throw pg_error(errc::timeout, fmt::format("{}: statement_timeout of {} ms exceeded ({})", doing,
                                              statement_timeout.count(), msg));
     }
     if (state == "42P01" && msg.find("jobguard_") != std::string::npos) {
-      throw Error(errc::server_error,
+      throw pg_error(errc::server_error,
                   fmt::format("{}: jobguard tables missing in this database ({}): run `jobguard pg migrate` "
                               "(or guard::pg_migrate) first",
                               doing, msg));
     }
     // Admin shutdown / crash of the server: the session is gone, retry elsewhere.
     if (state.rfind("57P", 0) == 0 || state.rfind("08", 0) == 0) {
-      throw Error(errc::postgres_unavailable, fmt::format("{}: {} (SQLSTATE {})", doing, msg, state));
+      throw pg_error(errc::postgres_unavailable, fmt::format("{}: {} (SQLSTATE {})", doing, msg, state));
     }
-    throw Error(errc::server_error, fmt::format("{}: {} (SQLSTATE {})", doing, msg, state));
+    throw pg_error(errc::server_error, fmt::format("{}: {} (SQLSTATE {})", doing, msg, state));
   } catch (const std::exception& e) {
-    throw Error(errc::server_error, fmt::format("{}: {}", doing, one_line(e.what())));
+    throw pg_error(errc::server_error, fmt::format("{}: {}", doing, one_line(e.what())));
   }
 }
 
@@ -210,7 +216,8 @@ struct PgConnection::Impl {
     } catch (const pqxx::broken_connection& e) {
       throw Error(errc::postgres_unavailable,
                   fmt::format("cannot connect to {} (connect_timeout {} s): {}", target,
-                              opts.connect_timeout.count(), detail::one_line(e.what())));
+                              opts.connect_timeout.count(), detail::one_line(e.what())),
+                  error_source::postgres);
     } catch (...) {
       rethrow_pg(fmt::format("connecting to {}", target), opts.statement_timeout);
     }

@@ -21,14 +21,20 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Redis could not serve us (as opposed to refusing what we asked): the only
-// errors a class's fail-open policy applies to. PostgreSQL's own
-// "unavailable" also asks for a retry but is never a reason to fail open.
+// errors a class's fail-open policy applies to. Decided by the error's
+// source: a PostgreSQL statement timeout also asks for a retry but is never
+// a reason to fail open.
 bool redis_down(const Error& e) {
-  return e.code() != make_error_code(errc::postgres_unavailable) && e.next() == next_step::retry_call;
+  return e.source() == error_source::redis && e.next() == next_step::retry_call;
+}
+
+bool postgres_down(const Error& e) {
+  return e.code() == make_error_code(errc::postgres_unavailable) ||
+         (e.source() == error_source::postgres && e.next() == next_step::retry_call);
 }
 
 Outcome classify(const Error& e) {
-  if (e.code() == make_error_code(errc::postgres_unavailable)) return Outcome::postgres_unavailable;
+  if (postgres_down(e)) return Outcome::postgres_unavailable;
   if (redis_down(e)) return Outcome::redis_unavailable;
   if (e.code() == make_error_code(errc::lease_lost)) return Outcome::lease_lost;
   if (e.code() == make_error_code(errc::stale_fence)) return Outcome::stale;
@@ -52,20 +58,6 @@ struct StepVerdict {
   std::string detail;
   std::string result;
 };
-
-// PostgreSQL reports a statement timeout as errc::timeout, which on its own
-// reads as "Redis could not serve us". On the high row's PostgreSQL paths it
-// is PostgreSQL that could not serve us: never a reason to fail open.
-template <class F>
-auto on_postgres(F&& f) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    if (e.next() == next_step::retry_call && e.code() != make_error_code(errc::postgres_unavailable))
-      throw Error(errc::postgres_unavailable, e.what());
-    throw;
-  }
-}
 
 constexpr std::string_view kSelectDone =
     "SELECT result FROM jobguard_completions WHERE job_kind = $1 AND entity = $2 AND run_id = $3";
@@ -183,12 +175,12 @@ void GuardedRunner::emit(const Attempt& a, std::string_view event, std::string_v
 
 std::optional<std::string> GuardedRunner::find_done(Attempt& a, const std::string& run_id) {
   if (cls_.consequence == Consequence::high) {
-    auto res = on_postgres([&] {
+    auto res = [&] {
       auto conn = take_pg();
       auto rows = conn->exec(kSelectDone, {cls_.name, a.resource, run_id});
       give_pg(std::move(conn));
       return rows;
-    });
+    }();
     if (res.empty()) return std::nullopt;
     return res.rows[0][0].value_or("");
   }
@@ -199,14 +191,14 @@ std::optional<std::string> GuardedRunner::find_done(Attempt& a, const std::strin
 
 void GuardedRunner::record_done(Attempt& a, const std::string& run_id, const std::string& result) {
   if (cls_.consequence == Consequence::high) {
-    on_postgres([&] {
+    [&] {
       auto conn = take_pg();
       // ON CONFLICT: a chunked unit's final record may race a fail-open twin;
       // either record proves the same thing.
       conn->exec(std::string(kInsertDone) + " ON CONFLICT DO NOTHING",
                  {cls_.name, a.resource, run_id, b_.worker, result});
       give_pg(std::move(conn));
-    });
+    }();
     return;
   }
   b_.completions->record(cls_.name, a.resource, run_id, b_.worker, result);
@@ -391,7 +383,7 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
   if (ctx.guarded_) ctx.ensure();  // a lost lease stops the unit before the next chunk starts
 
   if (cls_.consequence == Consequence::high) {
-    auto conn = on_postgres([&] { return take_pg(); });
+    auto conn = take_pg();
     bool skipped = false;
     std::string result;
     try {
@@ -418,8 +410,6 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
       // A connection that failed mid-transaction is not reused.
       if (e.code() != make_error_code(errc::postgres_unavailable) && e.code() != make_error_code(errc::in_doubt))
         give_pg(std::move(conn));
-      if (e.code() == make_error_code(errc::timeout))
-        throw Error(errc::postgres_unavailable, e.what());
       throw;
     } catch (...) {
       give_pg(std::move(conn));
@@ -529,7 +519,8 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
   } catch (const Error& e) {
     if (!a.fail_open) {
       throw Error(e.code(), fmt::format("the effect of {} ran but its completion was not recorded: {}", run_id,
-                                        e.what()));
+                                        e.what()),
+                  e.source());
     }
     emit(a, "record_failed", "error", e.what());
   }

@@ -46,6 +46,30 @@ StreamSource::StreamSource(redis::Client& client, StreamOptions options) : clien
   if (opts_.dead_letter.empty()) opts_.dead_letter = opts_.stream + ":dead";
 }
 
+namespace {
+// The group (or the whole stream) is gone: a Redis restart without
+// persistence, a failover to a replica that never saw it, a DEL. NOGROUP
+// answers a command naming the group; UNBLOCKED ends an XREADGROUP that was
+// blocked on the stream when it was deleted.
+bool group_vanished(const Error& e) {
+  const std::string_view d = e.detail();
+  return e.source() == error_source::redis &&
+         (d.find("NOGROUP ") != std::string_view::npos || d.find("UNBLOCKED ") != std::string_view::npos);
+}
+}  // namespace
+
+Reply StreamSource::exec_group(const Command& cmd, std::chrono::milliseconds timeout, bool retry) {
+  try {
+    return client_.exec(cmd, CallOptions{timeout});
+  } catch (const Error& e) {
+    if (!group_vanished(e)) throw;
+    ensure_group();
+    groups_recreated_.fetch_add(1, std::memory_order_relaxed);
+    if (!retry) return Reply::nil_reply();
+    return client_.exec(cmd, CallOptions{timeout});
+  }
+}
+
 void StreamSource::ensure_group() {
   try {
     client_.exec(Command{"XGROUP", "CREATE", opts_.stream, opts_.group, "0", "MKSTREAM"}, CallOptions{opts_.call_timeout});
@@ -78,9 +102,11 @@ std::optional<StreamJob> StreamSource::next(std::string_view consumer) {
 
   // The call's deadline must outlast the server-side BLOCK, or every empty
   // read would end as a client timeout.
-  Reply r = client_.exec(Command{"XREADGROUP", "GROUP", opts_.group, std::string(consumer), "COUNT", "1", "BLOCK",
-                                 std::to_string(opts_.block.count()), "STREAMS", opts_.stream, ">"},
-                         CallOptions{opts_.block + opts_.call_timeout});
+  // A vanished group is recreated and this read ends empty (no retry: the
+  // caller polls again, and a blocked read must not block twice).
+  Reply r = exec_group(Command{"XREADGROUP", "GROUP", opts_.group, std::string(consumer), "COUNT", "1", "BLOCK",
+                               std::to_string(opts_.block.count()), "STREAMS", opts_.stream, ">"},
+                       opts_.block + opts_.call_timeout, false);
   // [[stream, [[id, fields]...]]] or nil when BLOCK ran out.
   if (!r.is_array() || r.elements.empty()) return std::nullopt;
   const auto& s = r.elements[0];
@@ -96,9 +122,9 @@ std::optional<StreamJob> StreamSource::reclaim(std::string_view consumer) {
     start = cursor_;
   }
   for (;;) {
-    Reply r = client_.exec(Command{"XAUTOCLAIM", opts_.stream, opts_.group, std::string(consumer),
-                                   std::to_string(opts_.claim_idle.count()), start, "COUNT", "1"},
-                           CallOptions{opts_.call_timeout});
+    Reply r = exec_group(Command{"XAUTOCLAIM", opts_.stream, opts_.group, std::string(consumer),
+                                 std::to_string(opts_.claim_idle.count()), start, "COUNT", "1"},
+                         opts_.call_timeout, false);
     // [next-cursor, [[id, fields]...], [deleted ids]] (Redis 7).
     if (!r.is_array() || r.elements.size() < 2) return std::nullopt;
     std::string next_cursor = r.elements[0].str;
@@ -127,20 +153,20 @@ std::optional<StreamJob> StreamSource::reclaim(std::string_view consumer) {
 }
 
 bool StreamSource::ack(std::string_view id) {
-  Reply r = client_.exec(Command{"XACK", opts_.stream, opts_.group, std::string(id)}, CallOptions{opts_.call_timeout});
+  Reply r = exec_group(Command{"XACK", opts_.stream, opts_.group, std::string(id)}, opts_.call_timeout, false);
   return r.is_integer() && r.integer > 0;
 }
 
 std::int64_t StreamSource::deliveries(std::string_view id) {
-  Reply r = client_.exec(Command{"XPENDING", opts_.stream, opts_.group, std::string(id), std::string(id), "1"},
-                         CallOptions{opts_.call_timeout});
+  Reply r = exec_group(Command{"XPENDING", opts_.stream, opts_.group, std::string(id), std::string(id), "1"},
+                       opts_.call_timeout, false);
   // [[id, consumer, idle ms, deliveries]]
   if (!r.is_array() || r.elements.empty() || !r.elements[0].is_array() || r.elements[0].elements.size() < 4) return 0;
   return r.elements[0].elements[3].integer;
 }
 
 std::int64_t StreamSource::pending_count() {
-  Reply r = client_.exec(Command{"XPENDING", opts_.stream, opts_.group}, CallOptions{opts_.call_timeout});
+  Reply r = exec_group(Command{"XPENDING", opts_.stream, opts_.group}, opts_.call_timeout, false);
   if (!r.is_array() || r.elements.empty()) return 0;
   return r.elements[0].integer;
 }

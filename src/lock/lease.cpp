@@ -158,14 +158,14 @@ struct LeaseScheduler::Impl {
     auto self = owner.lock();
     if (!self) return;
     self->service().async_extend(
-        s->lock.resource(), s->lock.token(), s->lock.ttl(), [this, self, s](std::error_code ec, bool ours) {
+        s->lock.resource(), s->lock.token(), s->lock.ttl(), [this, self, s](const Error& e, bool ours) {
           const auto t = Clock::now();
           auto& m = s->lock.metrics();
-          if (ec) {
+          if (e) {
             m.renewal_failures_total.inc();
             m.redis_errors_total.inc();
             failures.fetch_add(1, std::memory_order_relaxed);
-            s->tl.renewal_failed(t, ec.message());
+            s->tl.renewal_failed(t, e.what());
           } else if (!ours) {
             m.renewal_failures_total.inc();
             s->tl.renewal_token_gone();

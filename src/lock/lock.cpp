@@ -4,7 +4,9 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cstdio>
 #include <future>
+#include <mutex>
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
@@ -62,11 +64,13 @@ namespace {
 // live head of its queue (release.lua). Shared by Lock, LockService and the
 // grant listener, which must work after the service that started it is gone.
 void release_lock(redis::Client& client, const KeyBuilder& keys, const std::string& resource,
-                  const std::string& token, std::function<void(std::error_code, bool)> done, bool fair) {
+                  const std::string& token, LockService::ReleaseHandler done, bool fair) {
   const std::string key = keys.lock_key(resource);
   const std::string channel = keys.channel(resource);
-  auto on_reply = [done = std::move(done)](std::error_code ec, redis::Reply r) {
-    if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+  auto on_reply = [done = std::move(done), c = &client](std::error_code ec, redis::Reply r) {
+    if (!done) return;
+    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
+    done(Error(), r.is_integer() && r.integer == 1);
   };
   if (fair) {
     // Same hash slot for all four keys; a plain lock does not pay for them.
@@ -128,6 +132,8 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   const std::string grant_channel;
 
   std::unique_ptr<redis::Subscriber> subscriber;  // made on first wait; loop thread only
+  mutable std::mutex sub_error_mu;
+  Error sub_error;  // the subscriber's last refusal; guarded by sub_error_mu
   std::unordered_map<std::string, Channel> channels;               // by channel name; loop thread only
   std::unordered_map<std::string, WaiterBase*> granted_by_token;   // fair waiters; loop thread only
   std::unordered_map<std::string, Clock::time_point> abandoned;   // token -> forget after; loop thread only
@@ -139,6 +145,21 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
       // waiter so none sleeps through a release it never heard about. The
       // subscriptions are restored as of now; a waiter that registers later
       // was sent after that.
+      // A refused AUTH or SUBSCRIBE (an ACL without pub/sub rights) leaves
+      // waiters polling: said once per refusal, and kept for
+      // subscriber_error(), instead of a silent fallback.
+      subscriber->set_on_error([weak = weak_from_this()](const Error& e) {
+        auto self = weak.lock();
+        if (!self) return;
+        {
+          std::lock_guard g(self->sub_error_mu);
+          self->sub_error = e;
+        }
+        const std::string line =
+            fmt::format("lock waiters cannot hear releases and fall back to polling: {}", e.what());
+        if (self->client.options().on_warning) self->client.options().on_warning(line);
+        else std::fprintf(stderr, "jobguard: warning: %s\n", line.c_str());
+      });
       subscriber->set_on_reconnect([weak = weak_from_this()] {
         auto self = weak.lock();
         if (!self) return;
@@ -317,7 +338,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
       svc_->client().async_exec(std::move(cmd), [self](std::error_code ec, redis::Reply r) {
         self->in_flight_ = false;
-        if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_);
+        if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_, std::move(r.str));
         if (r.is_ok()) return self->finish({}, true, std::nullopt, self->sent_at_);
         self->busy();
       });
@@ -333,7 +354,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     svc_->client().async_eval(
         script_acquire(), script_keys_, std::move(args), [self](std::error_code ec, redis::Reply r) {
           self->in_flight_ = false;
-          if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_);
+          if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_, std::move(r.str));
           if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
             return self->finish(make_error_code(errc::protocol_error), false, std::nullopt, self->sent_at_,
                                 "unexpected reply to the acquire script: " + to_debug_string(r));
@@ -426,16 +447,17 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     }
     auto done = std::move(done_);
     if (ec) {
-      (void)detail;
       metrics_->redis_errors_total.inc();
-      return done(ec, std::nullopt);
+      return done(redis::to_error(ec, redis::Reply::error_reply(std::move(detail)), svc_->client().address(),
+                                  "acquire of " + key_),
+                  std::nullopt);
     }
     metrics_->wait_seconds.observe(Clock::now() - started_);
-    if (!granted) return done({}, std::nullopt);
+    if (!granted) return done(Error(), std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
     auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, ttl_from);
-    done({}, std::move(lock));
+    done(Error(), std::move(lock));
   }
 
   std::shared_ptr<LockService> svc_;
@@ -500,30 +522,37 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
   else asio::post(client_.get_executor(), [w, impl = impl_.get()] { w->start(impl); });
 }
 
+Error LockService::subscriber_error() const {
+  std::lock_guard g(impl_->sub_error_mu);
+  return impl_->sub_error;
+}
+
 std::optional<Lock> LockService::acquire(std::string_view resource, const LockOptions& opts) {
   if (client_.running_in_loop_thread())
     throw Error(errc::invalid_argument, "blocking acquire on the event-loop thread would deadlock");
   std::promise<std::optional<Lock>> p;
   auto f = p.get_future();
-  async_acquire(std::string(resource), opts, [&p](std::error_code ec, std::optional<Lock> l) {
-    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, "acquire")));
+  async_acquire(std::string(resource), opts, [&p](const Error& e, std::optional<Lock> l) {
+    if (e) p.set_exception(std::make_exception_ptr(e));
     else p.set_value(std::move(l));
   });
   return f.get();
 }
 
 void LockService::async_release(const std::string& resource, const std::string& token,
-                                std::function<void(std::error_code, bool)> done, bool fair) {
+                                ReleaseHandler done, bool fair) {
   release_lock(client_, keys_, resource, token, std::move(done), fair);
 }
 
 void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
-                               std::function<void(std::error_code, bool)> done) {
+                               ReleaseHandler done) {
   const std::string key = keys_.lock_key(resource);
   const std::string ms = std::to_string(ttl.count());
   client_.async_eval_views(script_extend(), {key}, {token, ms},
-                           [done = std::move(done)](std::error_code ec, redis::Reply r) {
-                             if (done) done(ec, !ec && r.is_integer() && r.integer == 1);
+                           [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r) {
+                             if (!done) return;
+                             if (ec) return done(redis::to_error(ec, r, c->address(), "extend"), false);
+                             done(Error(), r.is_integer() && r.integer == 1);
                            });
 }
 
@@ -570,8 +599,8 @@ Lock::~Lock() {
     metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
     service_->async_release(
         resource_, token_,
-        [m = metrics_](std::error_code ec, bool ours) {
-          if (ec) m->redis_errors_total.inc();
+        [m = metrics_](const Error& e, bool ours) {
+          if (e) m->redis_errors_total.inc();
           else (ours ? m->releases_total : m->released_not_owner_total).inc();
         },
         fair_);
@@ -586,10 +615,10 @@ bool Lock::release() {
   metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
   service_->async_release(
       resource_, token_,
-      [&p, m = metrics_](std::error_code ec, bool ours) {
-        if (ec) {
+      [&p, m = metrics_, &key = key_](const Error& e, bool ours) {
+        if (e) {
           m->redis_errors_total.inc();
-          p.set_exception(std::make_exception_ptr(Error(ec, "release")));
+          p.set_exception(std::make_exception_ptr(e.with_context(key)));
           return;
         }
         (ours ? m->releases_total : m->released_not_owner_total).inc();
@@ -604,8 +633,8 @@ bool Lock::extend(std::chrono::milliseconds ttl) {
   if (ttl.count() == 0) ttl = ttl_;
   std::promise<bool> p;
   auto f = p.get_future();
-  service_->async_extend(resource_, token_, ttl, [&p](std::error_code ec, bool ours) {
-    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, "extend")));
+  service_->async_extend(resource_, token_, ttl, [&p, &key = key_](const Error& e, bool ours) {
+    if (e) p.set_exception(std::make_exception_ptr(e.with_context(key)));
     else p.set_value(ours);
   });
   return f.get();

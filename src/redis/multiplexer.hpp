@@ -11,11 +11,14 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/reply.hpp"
@@ -26,6 +29,46 @@ namespace jobguard::redis::detail {
 
 using Clock = std::chrono::steady_clock;
 
+// What one reply may declare (ConnectionOptions' max_reply_* fields).
+struct ReplyLimits {
+  std::size_t max_elements = std::size_t{1} << 20;
+  std::size_t max_bulk = std::size_t{64} << 20;
+  int max_depth = 7;
+};
+
+// Checks RESP framing on the raw bytes before they reach the hiredis reader,
+// which would otherwise size an array by its declared count and buffer a
+// bulk string whole before looking at it: `*2000000000` aborted the process,
+// `*20000000` stalled the loop for seconds, `$<gigabytes>` buffered without
+// bound (issue #12 item 5). Keeps only the open arrays' remaining counts and
+// a few bytes of the header line being read, so its memory is bounded too.
+// Not thread-safe; one per connection.
+class ReplyLimiter {
+ public:
+  explicit ReplyLimiter(ReplyLimits limits = {}) : limits_(limits) {}
+  // Scans `n` more bytes. Returns how many are acceptable: `n`, or the
+  // offset of the header that broke a limit, in which case why() says which.
+  std::size_t scan(const char* data, std::size_t n);
+  const std::string& why() const noexcept { return why_; }
+  bool failed() const noexcept { return !why_.empty(); }
+  void reset() noexcept;
+
+ private:
+  bool on_header(char type, std::string_view number);
+  void item_done() noexcept;
+  bool fail(std::string why);
+
+  ReplyLimits limits_;
+  std::vector<long long> open_;   // remaining elements of each open array
+  std::size_t declared_ = 0;      // elements declared so far by the current reply
+  std::size_t bulk_left_ = 0;     // payload bytes (+ CRLF) still to skip
+  bool in_header_ = false;
+  char type_ = 0;
+  std::string number_;            // digits of the header line (bounded)
+  std::size_t line_len_ = 0;      // bytes of the current header line so far
+  std::string why_;
+};
+
 class Multiplexer {
  public:
   struct Request {
@@ -35,7 +78,7 @@ class Multiplexer {
     bool internal = false;     // handshake command: written before user requests
   };
 
-  Multiplexer();
+  explicit Multiplexer(ReplyLimits limits = {});
   ~Multiplexer();
   Multiplexer(const Multiplexer&) = delete;
   Multiplexer& operator=(const Multiplexer&) = delete;
@@ -56,8 +99,13 @@ class Multiplexer {
 
   // Feeds bytes read from the socket; completes each request whose reply is
   // now whole, in order. A protocol error (or a reply with no request waiting
-  // for it) returns an error; the caller must then drop the connection.
+  // for it, or one over a ReplyLimits limit) returns errc::protocol_error and
+  // error_detail() says what was wrong; the caller must then drop the
+  // connection. Replies before the offending one are still completed.
   std::error_code feed(const char* data, std::size_t n);
+  const std::string& error_detail() const noexcept { return error_detail_; }
+  // Replies read since construction (the connection notices a live link).
+  std::uint64_t replies() const noexcept { return replies_; }
 
   // The connection broke: every in-flight request fails with `ec` / `detail`.
   // Queued (never written) requests are kept for the next connection.
@@ -93,6 +141,15 @@ class Multiplexer {
     hook_ctx_ = ctx;
   }
 
+  // On a subscribed connection the server also sends replies nobody asked
+  // for (pub/sub messages). `hook` sees every reply first and returns true
+  // for one it consumed; the rest are matched to requests in order.
+  using Push = bool (*)(void* ctx, Reply& reply);
+  void set_push(Push hook, void* ctx) noexcept {
+    push_ = hook;
+    push_ctx_ = ctx;
+  }
+
   // Called by feed() after every `every` completions, so the I/O layer can
   // send what those completions asked for while the rest of the read is
   // still being handled. 0 = never.
@@ -115,6 +172,8 @@ class Multiplexer {
   }
   Hook hook_ = nullptr;
   void* hook_ctx_ = nullptr;
+  Push push_ = nullptr;
+  void* push_ctx_ = nullptr;
   std::size_t flush_every_ = 0;
   Flush flush_ = nullptr;
   void* flush_ctx_ = nullptr;
@@ -129,10 +188,13 @@ class Multiplexer {
     void operator()(redisReader* r) const noexcept;
   };
   std::unique_ptr<redisReader, ReaderDeleter> reader_;
+  ReplyLimiter limiter_;
+  std::string error_detail_;
+  std::uint64_t replies_ = 0;
 };
 
-// Classifies an error reply: WRONGPASS/NOAUTH -> auth_failed, LOADING/BUSY/
-// TRYAGAIN/MASTERDOWN/CLUSTERDOWN -> server_busy, NOSCRIPT/script errors ->
+// Classifies an error reply: WRONGPASS/NOAUTH/NOPERM -> auth_failed, LOADING/
+// BUSY/TRYAGAIN/MASTERDOWN/CLUSTERDOWN/READONLY/OOM -> server_busy, NOSCRIPT/script errors ->
 // script_error, anything else -> server_error.
 std::error_code classify_error_reply(const Reply& r);
 

@@ -9,6 +9,7 @@
 // event-loop thread (the calls block). The Client must outlive the source.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,8 @@
 
 namespace jobguard::redis {
 class Client;
+class Command;
+struct Reply;
 }
 
 namespace jobguard::job {
@@ -90,6 +93,13 @@ class StreamSource {
   // last reclaim scan is older than claim_idle / 4), else a new one
   // (XREADGROUP ... BLOCK). nullopt when nothing came within `block`.
   // Stalled jobs past max_attempts are dead-lettered here, not returned.
+  //
+  // A group or stream that vanished (NOGROUP after a Redis restart without
+  // persistence or a DEL of the stream; UNBLOCKED when the stream was deleted
+  // under a blocked read) is recreated from id 0 and the call ends empty:
+  // next(), reclaim(), ack(), deliveries() and pending_count() all survive
+  // it, so a worker keeps working. Jobs pending in the lost group are lost
+  // with it (Redis lost them); jobs added afterwards are delivered.
   std::optional<StreamJob> next(std::string_view consumer);
   // One XAUTOCLAIM scan now, regardless of when the last one ran.
   std::optional<StreamJob> reclaim(std::string_view consumer);
@@ -110,13 +120,20 @@ class StreamSource {
   // The newest `max` dead-letter entries, newest first.
   std::vector<DeadLetter> dead_letters(std::size_t max);
 
+  // How many times a vanished group was recreated (for logs and tests).
+  std::uint64_t groups_recreated() const noexcept { return groups_recreated_.load(std::memory_order_relaxed); }
+
  private:
+  // Runs `cmd`; on NOGROUP / UNBLOCKED recreates the group, then retries
+  // once when `retry`, else returns a nil reply.
+  redis::Reply exec_group(const redis::Command& cmd, std::chrono::milliseconds timeout, bool retry);
   void dead_letter(const StreamJob& job, std::string_view error, std::int64_t deliveries);
   redis::Client& client_;
   StreamOptions opts_;
   std::mutex mu_;
   std::string cursor_ = "0-0";
   std::chrono::steady_clock::time_point last_scan_{};
+  std::atomic<std::uint64_t> groups_recreated_{0};
 };
 
 }  // namespace jobguard::job

@@ -30,6 +30,7 @@
 #include <system_error>
 #include <vector>
 
+#include "jobguard/error.hpp"
 #include "jobguard/redis/command.hpp"
 #include "jobguard/redis/options.hpp"
 #include "jobguard/redis/reply.hpp"
@@ -41,7 +42,12 @@ namespace jobguard::redis {
 // went wrong and where (server address, command, server's own message).
 // An -ERR reply from the server is a failure too (server_error, server_busy,
 // script_error, auth_failed): callers never have to inspect reply types for
-// errors.
+// errors. For an error reply the text is the server's own, untouched (so
+// error_prefix() works); to_error() below adds the address and the context
+// for the layers above. A reply over a ConnectionOptions limit fails with
+// protocol_error naming the limit.
+// A plain error_code here, not an Error: this is the per-command hot path,
+// and the reply already carries the text.
 using Completion = std::function<void(std::error_code ec, Reply reply)>;
 
 struct CallOptions {
@@ -55,6 +61,7 @@ struct ClientStats {
   std::uint64_t errors = 0;        // failed calls (any errc)
   std::uint64_t reconnects = 0;    // successful connects after the first
   std::uint64_t timeouts = 0;
+  std::uint64_t recycled = 0;      // connections replaced after repeated timeouts
   int connected = 0;               // connections ready now
 };
 
@@ -70,6 +77,8 @@ class Client {
 
   const ConnectionOptions& options() const noexcept;
   boost::asio::any_io_executor get_executor() const noexcept;
+  // The event loop the client runs on (its own or the caller's).
+  boost::asio::io_context& context() const noexcept;
   // True on the event-loop thread (where blocking calls would deadlock).
   bool running_in_loop_thread() const noexcept;
 
@@ -110,8 +119,14 @@ class Client {
   std::shared_ptr<Impl> impl_;
 };
 
+// The Error for a failed call, source redis: its code, the text (for an
+// error reply, the server's own words), the server's `address` and `context`
+// (what was asked: "SET", "acquire of jobguard:lock:{k}"). Allocates: call
+// it on the error path only.
+Error to_error(std::error_code ec, const Reply& reply, std::string_view address, std::string_view context = {});
+
 namespace detail {
-void throw_if_error(std::error_code ec, Reply& r);
+void throw_if_error(const Client& c, std::error_code ec, Reply& r);
 }
 
 template <class Token>
@@ -123,11 +138,11 @@ auto async_exec(Client& c, Command cmd, Token&& token, CallOptions opts = {}) {
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
         c.async_exec(
             std::move(command),
-            [h, ex](std::error_code ec, Reply r) {
+            [h, ex, &c](std::error_code ec, Reply r) {
               std::exception_ptr ep;
               if (ec) {
                 try {
-                  detail::throw_if_error(ec, r);
+                  detail::throw_if_error(c, ec, r);
                 } catch (...) {
                   ep = std::current_exception();
                 }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -40,6 +42,45 @@ struct ConnectionOptions {
   // Reconnect backoff: full jitter between 0 and min(max, min * 2^attempt).
   std::chrono::milliseconds reconnect_min{25};
   std::chrono::milliseconds reconnect_max{1000};
+
+  // --- limits on what a server may send (docs/redis-client.md) ---------------
+  // Checked on the raw bytes as they arrive, before anything is buffered or
+  // allocated for a reply: a reply over a limit is a protocol error on its
+  // connection (every call in flight on it fails with errc::protocol_error
+  // naming the limit; the connection is dropped and re-established).
+  // Elements a reply may declare, counted over all its nested arrays.
+  // Default 1 Mi: jobguard's own replies hold a handful, XREADGROUP a batch;
+  // a million covers KEYS/SCAN on large databases while capping what one
+  // reply can make us allocate (~80 MB of Reply values). Must be > 0.
+  std::size_t max_reply_elements = std::size_t{1} << 20;
+  // Bytes of one bulk string, status or error line. Default 64 MiB (Redis'
+  // own maximum is 512 MiB; jobguard stores tokens and job payloads). hiredis
+  // buffers a bulk string whole before handing it over, so this is also the
+  // most one reply can make us buffer. Must be > 0.
+  std::size_t max_bulk_bytes = std::size_t{64} << 20;
+  // Nesting depth of arrays (1 = a flat array). Default 7, which is also the
+  // most the hiredis 0.14 reader supports; values above 7 are refused.
+  int max_reply_depth = 7;
+
+  // --- liveness ---------------------------------------------------------------
+  // TCP keepalive on every connection, so a peer that vanished (host power
+  // loss, a NAT that dropped the flow) is noticed by the kernel even while
+  // no call is in flight. Default on: probes after 15 s idle, every 5 s, 3
+  // unanswered probes close the connection (~30 s). Zero durations keep the
+  // system defaults.
+  bool keepalive = true;
+  std::chrono::seconds keepalive_idle{15};
+  std::chrono::seconds keepalive_interval{5};
+  int keepalive_probes = 3;
+  // A ready connection on which this many calls in a row reached their
+  // deadline without any reply in between is closed and replaced (logged as
+  // a warning): a frozen link would otherwise time every call out forever,
+  // since TCP may not notice for many minutes. Default 3; 0 = never recycle.
+  int recycle_after_timeouts = 3;
+  // Where the client reports what an operator should see (a recycled
+  // connection, a reply over a limit): one line, no newline, called on the
+  // event loop. Empty = written to stderr.
+  std::function<void(const std::string&)> on_warning;
 };
 
 // Parses `redis://[user[:password]@]host[:port][/db][?opt=val&...]` and

@@ -4,6 +4,13 @@
 // message published while we were disconnected is lost for good, `on_reconnect`
 // lets listeners treat a reconnect as a possible missed wake-up.
 //
+// The connection is the client's own kind (src/redis/connection.hpp): the same
+// connect, TLS, keepalive, handshake (AUTH, SELECT, CLIENT SETNAME), reply
+// reader and limits, error classification and reconnect backoff. What the
+// server refuses is reported through `on_error`, never dropped: a rejected
+// AUTH (WRONGPASS) or a SUBSCRIBE the ACL forbids (NOPERM) means nobody hears
+// releases and waiters are down to polling, which their user must learn.
+//
 // Threads: every member may be called from any thread; handlers run on the
 // event loop of the Client given at construction and must not block.
 #pragma once
@@ -12,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::redis {
@@ -35,6 +43,11 @@ class Subscriber {
   void unsubscribe(Id id);
   // Called on the loop after every reconnect (not the first connect).
   void set_on_reconnect(std::function<void()> fn);
+  // Called on the loop with an Error (source redis, the server's words, its
+  // host:port, the channel) when the server refuses the connection's AUTH or
+  // a SUBSCRIBE; once per distinct refusal until the next successful one.
+  // Unset: the line goes to the client's ConnectionOptions::on_warning.
+  void set_on_error(std::function<void(const Error&)> fn);
 
   struct Impl;
 

@@ -207,8 +207,8 @@ TEST_F(LeaseTest, OneSchedulerRenewsTenThousandLeasesInBatches) {
   for (int i = 0; i < kLeases; ++i) {
     // Adopt in the completion: the scheduler owns each lock from its grant.
     svc->async_acquire(resource(std::to_string(i)), LockOptions{.ttl = 3s},
-                       [&](std::error_code ec, std::optional<Lock> l) {
-                         if (ec || !l) {
+                       [&](const Error& e, std::optional<Lock> l) {
+                         if (e || !l) {
                            failed++;
                          } else {
                            Lease lease = sched->adopt(std::move(*l));

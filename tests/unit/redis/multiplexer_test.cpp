@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -433,6 +434,7 @@ TEST(ClassifyErrorReply, SortsServerErrorsByWhatTheCallerDoesNext) {
   EXPECT_EQ(cls("MASTERDOWN Link with MASTER is down"), errc::server_busy);
   EXPECT_EQ(cls("CLUSTERDOWN The cluster is down"), errc::server_busy);
   EXPECT_EQ(cls("READONLY You can't write against a read only replica."), errc::server_busy);
+  EXPECT_EQ(cls("OOM command not allowed when used memory > 'maxmemory'."), errc::server_busy);
   EXPECT_EQ(cls("NOSCRIPT No matching script. Please use EVAL."), errc::script_error);
   EXPECT_EQ(cls("ERR Error running script (call to f_0123): @user_script:1: oops"), errc::script_error);
   EXPECT_EQ(cls("ERR unknown command 'FOO'"), errc::server_error);
@@ -440,4 +442,109 @@ TEST(ClassifyErrorReply, SortsServerErrorsByWhatTheCallerDoesNext) {
   EXPECT_EQ(cls("ERR"), errc::server_error);
   EXPECT_EQ(next_step_for(cls("BUSY x")), next_step::retry_call);
   EXPECT_EQ(next_step_for(cls("WRONGPASS x")), next_step::stop);
+}
+
+// --- reply limits (issue #12 item 5): a hostile server must not crash, stall
+// or balloon the client; it gets a protocol error naming the limit. -------------
+
+namespace {
+std::error_code feed_str(Multiplexer& m, const std::string& s) { return m.feed(s.data(), s.size()); }
+}  // namespace
+
+TEST(ReplyLimits, ArrayDeclaringTwoBillionElementsIsAProtocolErrorNotAnAbort) {
+  Multiplexer m;
+  Recorder rec;
+  send_all(m, rec, 1);
+  EXPECT_EQ(feed_str(m, "*2000000000\r\n"), make_error_code(errc::protocol_error));
+  EXPECT_NE(m.error_detail().find("2000000000 array elements"), std::string::npos) << m.error_detail();
+  EXPECT_NE(m.error_detail().find("max_reply_elements"), std::string::npos) << m.error_detail();
+  EXPECT_FALSE(rec.results[0]);  // the connection fails it when it drops
+}
+
+TEST(ReplyLimits, ElementsAreCountedOverTheWholeNestedReply) {
+  Multiplexer m(detail::ReplyLimits{.max_elements = 10, .max_bulk = 1024, .max_depth = 7});
+  Recorder rec;
+  send_all(m, rec, 2);
+  // 2 + 4 + 4 = 10 elements: at the limit, accepted.
+  EXPECT_FALSE(feed_str(m, "*2\r\n*4\r\n:1\r\n:2\r\n:3\r\n:4\r\n*4\r\n:1\r\n:2\r\n:3\r\n:4\r\n"));
+  ASSERT_TRUE(rec.results[0]);
+  EXPECT_EQ(rec.results[0]->reply.elements.size(), 2u);
+  // The count starts again with the next reply; 2 + 9 is one too many.
+  EXPECT_EQ(feed_str(m, "*2\r\n*9\r\n"), make_error_code(errc::protocol_error));
+  EXPECT_NE(m.error_detail().find("9 array elements (2 before in the same reply)"), std::string::npos)
+      << m.error_detail();
+}
+
+TEST(ReplyLimits, HugeDeclaredBulkStringIsRefusedBeforeAnyOfItIsBuffered) {
+  Multiplexer m(detail::ReplyLimits{.max_elements = 100, .max_bulk = 1000, .max_depth = 7});
+  Recorder rec;
+  send_all(m, rec, 2);
+  // The first reply is whole in the same read as the bad header: it completes.
+  EXPECT_EQ(feed_str(m, "+OK\r\n$5000000000\r\nxxxxxxxx"), make_error_code(errc::protocol_error));
+  ASSERT_TRUE(rec.results[0]);
+  EXPECT_TRUE(rec.results[0]->reply.is_ok());
+  EXPECT_FALSE(rec.results[1]);
+  EXPECT_NE(m.error_detail().find("bulk string of 5000000000 bytes, over the limit of 1000 (max_bulk_bytes)"),
+            std::string::npos)
+      << m.error_detail();
+  // Once failed, the multiplexer accepts nothing more until reset.
+  EXPECT_EQ(feed_str(m, "+OK\r\n"), make_error_code(errc::protocol_error));
+  m.fail_in_flight(make_error_code(errc::protocol_error), "dropped");
+  ASSERT_TRUE(rec.results[1]);
+  EXPECT_EQ(rec.results[1]->ec, make_error_code(errc::protocol_error));
+}
+
+TEST(ReplyLimits, BulkStringAtTheLimitSplitAcrossReadsIsAccepted) {
+  Multiplexer m(detail::ReplyLimits{.max_elements = 100, .max_bulk = 10, .max_depth = 7});
+  Recorder rec;
+  send_all(m, rec, 2);
+  const std::string bytes = "$10\r\n0123456789\r\n*2\r\n$3\r\nabc\r\n$-1\r\n";
+  for (char c : bytes) ASSERT_FALSE(m.feed(&c, 1)) << m.error_detail();
+  ASSERT_TRUE(rec.results[0] && rec.results[1]);
+  EXPECT_EQ(rec.results[0]->reply.str, "0123456789");
+  EXPECT_EQ(rec.results[1]->reply.elements[0].str, "abc");
+  EXPECT_TRUE(rec.results[1]->reply.elements[1].is_nil());
+}
+
+TEST(ReplyLimits, StatusLineWithoutAnEndIsCutAtTheBulkLimit) {
+  Multiplexer m(detail::ReplyLimits{.max_elements = 100, .max_bulk = 64, .max_depth = 7});
+  Recorder rec;
+  send_all(m, rec, 1);
+  const std::string line = "+" + std::string(63, 'a');
+  EXPECT_FALSE(feed_str(m, line));
+  EXPECT_EQ(feed_str(m, std::string(10, 'a')), make_error_code(errc::protocol_error));
+  EXPECT_NE(m.error_detail().find("without an end"), std::string::npos) << m.error_detail();
+}
+
+TEST(ReplyLimits, NestingDeeperThanTheLimitIsAProtocolError) {
+  Multiplexer m(detail::ReplyLimits{.max_elements = 100, .max_bulk = 64, .max_depth = 2});
+  Recorder rec;
+  send_all(m, rec, 2);
+  EXPECT_FALSE(feed_str(m, "*1\r\n*1\r\n:1\r\n"));
+  ASSERT_TRUE(rec.results[0]);
+  EXPECT_EQ(feed_str(m, "*1\r\n*1\r\n*1\r\n:1\r\n"), make_error_code(errc::protocol_error));
+  EXPECT_NE(m.error_detail().find("deeper than the limit of 2"), std::string::npos) << m.error_detail();
+}
+
+TEST(ReplyLimits, MalformedLengthsAreProtocolErrors) {
+  for (const std::string bad : {"$-2\r\n", "*-5\r\n", "$12x\r\n", "*\r\n", "$99999999999999999999999999\r\n"}) {
+    Multiplexer m;
+    Recorder rec;
+    send_all(m, rec, 1);
+    EXPECT_EQ(feed_str(m, bad), make_error_code(errc::protocol_error)) << bad;
+    EXPECT_FALSE(m.error_detail().empty()) << bad;
+  }
+}
+
+TEST(ReplyLimits, ResetReaderClearsAFailedLimiterForTheNextConnection) {
+  Multiplexer m(detail::ReplyLimits{.max_elements = 4, .max_bulk = 64, .max_depth = 7});
+  Recorder rec;
+  send_all(m, rec, 1);
+  EXPECT_EQ(feed_str(m, "*5\r\n"), make_error_code(errc::protocol_error));
+  m.fail_in_flight(make_error_code(errc::protocol_error), "dropped");  // resets the reader
+  Recorder rec2;
+  send_all(m, rec2, 1);
+  EXPECT_FALSE(feed_str(m, "*4\r\n:1\r\n:2\r\n:3\r\n:4\r\n")) << m.error_detail();
+  ASSERT_TRUE(rec2.results[0]);
+  EXPECT_EQ(rec2.results[0]->reply.elements.size(), 4u);
 }

@@ -1,0 +1,58 @@
+// `jobguard run` against a server that refuses to serve: the server's own
+// words, its host:port and the key reach the user in one line, and the exit
+// status says "unavailable" (69), not "usage" (issues #10 and #12).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "support/cli_fixture.hpp"
+#include "support/subprocess.hpp"
+
+namespace jobguard::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+class RunServerErrors : public CliTest {};
+
+TEST_F(RunServerErrors, OutOfMemoryServerGivesItsOomTextHostAndKeyAndExit69) {
+  EmbeddedRedisOptions so;
+  so.extra_args = {"--maxmemory", "1mb", "--maxmemory-policy", "noeviction"};
+  server = std::make_unique<EmbeddedRedis>(so);
+  server->start();
+  // Fill it until the server itself refuses writes.
+  const std::string blob(64 * 1024, 'x');
+  auto client = make_client();
+  bool full = false;
+  for (int i = 0; i < 1000 && !full; ++i) {
+    try {
+      client->exec(redis::Command{"SET", key(std::to_string(i)), blob});
+    } catch (const Error& e) {
+      full = std::string(e.what()).find("OOM") != std::string::npos;
+      ASSERT_TRUE(full) << e.what();
+    }
+  }
+  ASSERT_TRUE(full) << "the server never filled up";
+
+  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
+  EXPECT_EQ(r.status, 69) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("OOM command not allowed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(fmt::format("{}:{}", server->host(), server->port())), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("jobguard:lock:{k}"), std::string::npos) << r.err;
+}
+
+TEST_F(RunServerErrors, ReadOnlyReplicaGivesItsReadonlyTextAndExit69) {
+  // A replica of an unreachable master still answers, read-only.
+  admin("REPLICAOF 127.0.0.1 1");
+  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
+  EXPECT_EQ(r.status, 69) << r.err;
+  EXPECT_NE(r.err.find("READONLY"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("jobguard:lock:{k}"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace jobguard::test
