@@ -54,18 +54,31 @@ void StateGate::listen(std::weak_ptr<void> owner, Listener l) {
 
 void StateGate::admit(Admit cb) {
   const auto now = Clock::now();
-  if (!checking_ && ticket_ && ticket_->mark == mark() && now < checked_at_ + recheck_) {
+  if (ticket_ && ticket_->mark == mark()) {
+    // In quarantine on the same connection: the server's answer will not
+    // change before the deadline, so do not ask it again.
     if (now < quarantine_until_) {
       const auto left = std::chrono::ceil<ms>(quarantine_until_ - now);
       return cb(make_error_code(errc::server_busy), quarantine_message(reason_, left), left, nullptr);
     }
+    // A quarantine just ended: the server says whether grants resume (it may
+    // have found another loss meanwhile).
+    if (checked_at_ < quarantine_until_) {
+      waiting_.push_back(std::move(cb));
+      if (!checking_) {
+        retries_ = 0;
+        check();
+      }
+      return;
+    }
+    // The periodic check runs beside the grants instead of in front of them:
+    // what it looks for (a FLUSHALL on a live connection) is the window it
+    // bounds, and 64 callers must not stall on it every second.
+    if (now >= checked_at_ + recheck_ && !checking_) {
+      retries_ = 0;
+      check();
+    }
     return cb({}, {}, ms(0), ticket_);
-  }
-  // In quarantine on the same connection: the server's answer will not
-  // change before the deadline, so do not ask it again.
-  if (!checking_ && ticket_ && ticket_->mark == mark() && now < quarantine_until_) {
-    const auto left = std::chrono::ceil<ms>(quarantine_until_ - now);
-    return cb(make_error_code(errc::server_busy), quarantine_message(reason_, left), left, nullptr);
   }
   waiting_.push_back(std::move(cb));
   if (!checking_) {
