@@ -57,21 +57,22 @@ constexpr auto kDrainFor = 25s;    // then the job in progress must finish withi
 
 // The job's CMD: $1 job, $2 store dir, $3 effect seconds. The store is a
 // directory guarded by flock(1): `fence.J` is the highest token accepted for
-// job J, `log` has one line per start, skip, effect and rejection.
-constexpr const char* kJobScript = R"(set -e
+// job J, `log` has one line per start, skip, effect and rejection:
+// "<kind> <job> <fence> <pid> <unix time ns>".
+constexpr const char* kJobScript = R"SH(set -e
 cd "$2"
 exec 9>>store.lock
 flock 9
-if grep -q "^effect $1 " log 2>/dev/null; then echo "skip $1 $JOBGUARD_FENCE $$" >> log; exit 0; fi
-echo "start $1 $JOBGUARD_FENCE $$" >> log
+if grep -q "^effect $1 " log 2>/dev/null; then echo "skip $1 $JOBGUARD_FENCE $$ $(date +%s%N)" >> log; exit 0; fi
+echo "start $1 $JOBGUARD_FENCE $$ $(date +%s%N)" >> log
 flock -u 9
 sleep "$3"
 flock 9
 last=$(cat "fence.$1" 2>/dev/null || echo 0)
-if [ "$JOBGUARD_FENCE" -le "$last" ]; then echo "reject $1 $JOBGUARD_FENCE $$" >> log; exit 3; fi
+if [ "$JOBGUARD_FENCE" -le "$last" ]; then echo "reject $1 $JOBGUARD_FENCE $$ $(date +%s%N)" >> log; exit 3; fi
 echo "$JOBGUARD_FENCE" > "fence.$1"
-echo "effect $1 $JOBGUARD_FENCE $$" >> log
-)";
+echo "effect $1 $JOBGUARD_FENCE $$ $(date +%s%N)" >> log
+)SH";
 
 // A TCP relay in front of Redis. switch_to() points it at another server and
 // drops every relayed connection, as a virtual IP moving to a new primary does.
@@ -163,18 +164,26 @@ struct LogLine {
   std::string kind;
   int job = 0;
   std::int64_t fence = 0;
+  std::int64_t at_ns = 0;  // wall clock: compared with fault times taken from the same clock
 };
+
+std::int64_t wall_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 struct Outcome {
   int jobs_taken = 0, jobs_done = 0, done_twice = 0, stale_accepted = 0, rejected = 0, lost = 0;
   int exit69 = 0, exit70 = 0, exit75 = 0, other = 0;
   std::vector<double> refused_ms;  // per fault: from the fault to the next start of a job
+  double seconds = 0;              // from the first start to the last effect
   std::string others;
 };
 
 // One run: kWorkers threads run `jobguard run` on the current job until it is
 // done, then move to the next; `fault(n)` is called when the n-th job is
-// mid-effect and returns whether it injected a fault.
+// mid-effect and returns whether it injected a fault. New jobs are taken for
+// kRunFor, and on until `faults_wanted` faults are in (at most kRunFor more).
 class JobRun {
  public:
   JobRun(std::string url, std::string dir) : url_(std::move(url)), dir_(std::move(dir)) {
@@ -186,7 +195,7 @@ class JobRun {
     std::istringstream in(read_file(dir_ + "/log"));
     LogLine l;
     long long pid = 0;
-    while (in >> l.kind >> l.job >> l.fence >> pid) out.push_back(l);
+    while (in >> l.kind >> l.job >> l.fence >> pid >> l.at_ns) out.push_back(l);
     return out;
   }
   bool done(int job) const {
@@ -204,20 +213,20 @@ class JobRun {
     return started;
   }
 
-  Outcome run(const std::function<bool(int job)>& fault) {
+  Outcome run(const std::function<bool(int job)>& fault, int faults_wanted) {
     const auto t0 = Clock::now();
+    faults_wanted_ = faults_wanted;
     std::vector<std::thread> threads;
     for (int w = 0; w < kWorkers; ++w) threads.emplace_back([&, w] { worker(w, t0); });
     // Faults: watch the current job; when it is mid-effect, offer a fault.
-    std::vector<Clock::time_point> fault_at;
+    std::vector<std::int64_t> fault_at;
     while (!finished_) {
       const int j = current_.load();
       if (mid_effect(j)) {
         std::this_thread::sleep_for(60ms);
         if (fault(j)) {
-          fault_at.push_back(Clock::now());
-          std::lock_guard<std::mutex> g(mu_);
-          faulted_jobs_.push_back(j);
+          fault_at.push_back(wall_ns());
+          ++faults_;
         }
         while (current_.load() == j && !finished_) std::this_thread::sleep_for(5ms);
       }
@@ -253,13 +262,19 @@ class JobRun {
     o.other = other_;
     o.others = others_;
     // The cost of each fault: until a job starts again after it.
-    for (const auto& at : fault_at) {
-      for (const auto& s : starts_)
-        if (s > at) {
-          o.refused_ms.push_back(std::chrono::duration<double, std::milli>(s - at).count());
+    for (const auto at : fault_at) {
+      for (const auto& l : lines)
+        if (l.kind == "start" && l.at_ns > at) {
+          o.refused_ms.push_back(static_cast<double>(l.at_ns - at) / 1e6);
           break;
         }
     }
+    std::int64_t first = 0, last = 0;
+    for (const auto& l : lines) {
+      if (l.kind == "start" && first == 0) first = l.at_ns;
+      if (l.kind == "effect") last = l.at_ns;
+    }
+    o.seconds = static_cast<double>(last - first) / 1e9;
     return o;
   }
 
@@ -269,7 +284,8 @@ class JobRun {
       const int j = current_.load();
       if (done(j)) {
         // Move on, unless the time for new jobs is over.
-        if (Clock::now() - t0 >= kRunFor) {
+        const auto ran = Clock::now() - t0;
+        if (ran >= 2 * kRunFor || (ran >= kRunFor && faults_.load() >= faults_wanted_)) {
           finished_ = true;
           return;
         }
@@ -277,7 +293,7 @@ class JobRun {
         current_.compare_exchange_strong(expected, j + 1);
         continue;
       }
-      if (finished_ || Clock::now() - t0 >= kRunFor + kDrainFor) {
+      if (finished_ || Clock::now() - t0 >= 2 * kRunFor + kDrainFor) {
         finished_ = true;
         return;
       }
@@ -285,16 +301,12 @@ class JobRun {
         std::lock_guard<std::mutex> g(mu_);
         attempted_.insert(j);
       }
-      const std::size_t before = log().size();
       auto r = run_jobguard({"--redis", url_ + "?max_ttl=" + kMaxTtl + "&timeout=500ms&connect_timeout=500ms", "run",
                              "--key", fmt::format("job:{}", j), "--ttl", kTtl, "--grace", "1s", "--fence", "--", "sh",
                              "-c", kJobScript, "job", std::to_string(j), dir_, kEffectSeconds},
                             30s);
       {
         std::lock_guard<std::mutex> g(mu_);
-        const auto lines = log();
-        for (std::size_t i = before; i < lines.size(); ++i)
-          if (lines[i].kind == "start") starts_.push_back(Clock::now());
         switch (r.status) {
           case 0: break;
           case 69: ++exit69_; break;
@@ -314,8 +326,8 @@ class JobRun {
   std::atomic<int> current_{0};
   std::atomic<bool> finished_{false};
   std::mutex mu_;
-  std::vector<Clock::time_point> starts_;
-  std::vector<int> faulted_jobs_;
+  std::atomic<int> faults_{0};
+  int faults_wanted_ = 0;
   std::set<int> attempted_;  // every job a worker ran jobguard for: each must end done once
   int exit69_ = 0, exit70_ = 0, exit75_ = 0, other_ = 0;
   std::string others_;
@@ -337,10 +349,13 @@ class QuarantineFault : public ::testing::Test {
     std::string refused;
     for (double ms : o.refused_ms) refused += fmt::format(" {:.0f}", ms);
     std::cout << fmt::format(
-        "[fault] {}: {} faults; jobs done {} of {} taken{}; done twice {}, stale writes accepted {}, lost {}, "
-        "rejected writes {}; exits 69:{} 70:{} 75:{}; grants refused after each fault (ms):{}\n",
-        name, faults, o.jobs_done, o.jobs_taken,
-        baseline ? fmt::format(" (without faults: {})", baseline->jobs_done) : std::string(), o.done_twice,
+        "[fault] {}: {} faults; jobs done {} of {} taken in {:.1f} s = {:.2f}/s{}; done twice {}, stale writes "
+        "accepted {}, lost {}, rejected writes {}; exits 69:{} 70:{} 75:{}; grants refused after each fault (ms):{}\n",
+        name, faults, o.jobs_done, o.jobs_taken, o.seconds, o.jobs_done / std::max(o.seconds, 0.001),
+        baseline ? fmt::format(" (without faults: {} in {:.1f} s = {:.2f}/s)", baseline->jobs_done, baseline->seconds,
+                               baseline->jobs_done / std::max(baseline->seconds, 0.001))
+                 : std::string(),
+        o.done_twice,
         o.stale_accepted, o.lost, o.rejected, o.exit69, o.exit70, o.exit75, refused);
     EXPECT_EQ(o.done_twice, 0) << name;
     EXPECT_EQ(o.stale_accepted, 0) << name;
@@ -359,7 +374,7 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
     EmbeddedRedis r;
     r.start();
     JobRun run(r.url(), dir_ + "/baseline");
-    base = run.run([](int) { return false; });
+    base = run.run([](int) { return false; }, 0);
     check("baseline", base, 0, nullptr);
   }
 
@@ -375,7 +390,7 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
       last_job = job;
       ++restarts;
       return true;
-    });
+    }, 3);
     EXPECT_EQ(restarts, 3);
     check("restart without persistence", o, restarts, &base);
   }
@@ -414,7 +429,7 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
       relay.switch_to(replica.port());
       failed_over = true;
       return true;
-    });
+    }, 1);
     EXPECT_TRUE(failed_over);
     EXPECT_TRUE(missed) << "the promoted replica had the holder's grant: the scenario did not happen";
     check("failover to a stopped replica", o, failed_over ? 1 : 0, &base);
@@ -450,7 +465,7 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
       last_job = job;
       ++floods;
       return true;
-    });
+    }, 2);
     const std::string stats = redis_command_at(r.host(), r.port(), "INFO stats");
     EXPECT_EQ(stats.find("evicted_keys:0\r"), std::string::npos) << "the filler evicted nothing";
     EXPECT_EQ(floods, 2);
