@@ -103,6 +103,29 @@ struct LockOptions {
   std::chrono::milliseconds backoff_max{200};
 };
 
+// Data-loss quarantine: a server that lost lock state (restarted without
+// persistence, failed over to a replica that missed writes, evicted keys) is
+// refused grants until every lease an earlier incarnation could have granted
+// has expired. docs/lock-safety.md, "Quarantine after lost lock state".
+struct QuarantineOptions {
+  // The longest lock TTL any client of the server uses: the length of a
+  // quarantine, and the largest ttl acquire() accepts (a longer lease would
+  // outlive it). Default 0 = the connection's `max_ttl` URL option
+  // (redis::ConnectionOptions::lock_max_ttl, default 60 s).
+  std::chrono::milliseconds max_ttl{0};
+  // A service that keeps granting checks the server again this often, which
+  // catches a FLUSHALL or a REPLICAOF on a connection that stayed up (a
+  // restart or failover breaks the connection and is checked at once).
+  // Default 1 s; must be > 0.
+  std::chrono::milliseconds recheck{1000};
+};
+
+// The explicit opt-out for a server the caller has just started empty (test
+// fixtures, `--embedded`): records it as having kept its state, so its first
+// grants are not quarantined. Never for a server that may have granted locks
+// before: a restarted one looks exactly like a new one. Blocking; throws Error.
+void trust_new_server(redis::Client& client);
+
 class LockService;
 
 // A held lock. Destroying a Lock that is still held releases it (without
@@ -123,6 +146,9 @@ class Lock {
   std::chrono::milliseconds ttl() const noexcept { return ttl_; }
   std::chrono::steady_clock::time_point acquired_at() const noexcept { return acquired_at_; }
   bool held() const noexcept { return held_; }
+  // The server's lock-state epoch at the grant; a lease is lost when the
+  // server is found in another one (docs/lock-safety.md).
+  const std::string& epoch() const noexcept { return epoch_; }
 
   // Per-class metrics this lock reports to (never null for a granted lock).
   observe::LockClassMetrics& metrics() const noexcept { return *metrics_; }
@@ -147,6 +173,7 @@ class Lock {
   std::chrono::milliseconds ttl_{0};
   std::chrono::steady_clock::time_point acquired_at_{};
   bool held_ = false;
+  std::string epoch_;  // the server's lock-state epoch at the grant (quarantine.hpp)
 };
 
 // Owns the scripts, the release subscriber and the waiters for one Client.
@@ -155,7 +182,8 @@ class Lock {
 // client's event loop.
 class LockService : public std::enable_shared_from_this<LockService> {
  public:
-  static std::shared_ptr<LockService> create(redis::Client& client, KeyBuilder keys = KeyBuilder());
+  static std::shared_ptr<LockService> create(redis::Client& client, KeyBuilder keys = KeyBuilder(),
+                                             QuarantineOptions quarantine = {});
   ~LockService();
 
   const KeyBuilder& keys() const noexcept { return keys_; }
@@ -165,6 +193,9 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // whole wait. Throws Error on Redis failures (errc::timeout, not_connected,
   // server_busy for OOM/READONLY/LOADING..., with the server's text, its
   // host:port and the key) and on bad arguments.
+  // A server in quarantine is errc::server_busy ("server lost lock state
+  // (...); grants refused for N ms more") unless the quarantine ends within
+  // the wait: then the acquire waits it out.
   std::optional<Lock> acquire(std::string_view resource, const LockOptions& opts = {});
 
   // The asynchronous form; `done` runs on the event loop with an Error on a
@@ -194,12 +225,17 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Internal, for src/lock: building a Lock value.
   Lock make_lock(std::string resource, std::string key, std::string token,
                  std::optional<std::int64_t> fence, const LockOptions& opts,
-                 std::chrono::steady_clock::time_point sent_at);
+                 std::chrono::steady_clock::time_point sent_at, std::string epoch = {});
+  // Internal, for src/lock: the lock-state gate (lock/quarantine.hpp).
+  const std::shared_ptr<void>& gate() const noexcept { return gate_; }
+  std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }
 
  private:
-  LockService(redis::Client& client, KeyBuilder keys);
+  LockService(redis::Client& client, KeyBuilder keys, QuarantineOptions quarantine);
   redis::Client& client_;
   KeyBuilder keys_;
+  std::chrono::milliseconds max_ttl_;
+  std::shared_ptr<void> gate_;  // a detail::StateGate
   std::shared_ptr<Impl> impl_;
 };
 

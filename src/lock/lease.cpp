@@ -13,6 +13,7 @@
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
 #include "lock/lease_timeline.hpp"
+#include "lock/quarantine.hpp"
 
 namespace jobguard {
 
@@ -65,6 +66,7 @@ struct LeaseScheduler::Impl {
   std::mt19937_64 rng{std::random_device{}()};
   std::atomic<std::uint64_t> active{0}, renewals_sent{0}, batches{0}, failures{0}, lost{0};
   std::weak_ptr<LeaseScheduler> owner;
+  std::shared_ptr<void> gate_ptr;  // the service's detail::StateGate
 
   double jitter(double frac) {
     if (frac <= 0) return 1.0;
@@ -152,6 +154,28 @@ struct LeaseScheduler::Impl {
     arm();
   }
 
+  detail::StateGate& gate() { return *static_cast<detail::StateGate*>(gate_ptr.get()); }
+
+  // Why the lease is lost because its server lost lock state; "" if it is not.
+  std::string state_lost(const Lease::State& s) {
+    const auto& now_epoch = gate().epoch();
+    if (s.lock.epoch().empty() || now_epoch.empty() || now_epoch == s.lock.epoch()) return {};
+    return fmt::format("the server lost lock state since the grant (epoch {} -> {}); "
+                       "another holder may be granted the lock", s.lock.epoch(), now_epoch);
+  }
+
+  // Loop thread: the gate found a new epoch. Every lease granted in another
+  // one is lost now, not at its next renewal.
+  void on_new_epoch(const std::string& reason) {
+    std::vector<std::shared_ptr<Lease::State>> hit;
+    for (auto& [at, s] : queue)
+      if (!state_lost(*s).empty()) hit.push_back(s);
+    for (auto& s : hit) {
+      s->tl.state_lost(state_lost(*s) + (reason.empty() ? "" : ": " + reason));
+      publish(s);
+    }
+  }
+
   void send_renewal(const std::shared_ptr<Lease::State>& s, Clock::time_point now) {
     s->tl.renewal_sent(now);
     renewals_sent.fetch_add(1, std::memory_order_relaxed);
@@ -169,6 +193,17 @@ struct LeaseScheduler::Impl {
           } else if (!ours) {
             m.renewal_failures_total.inc();
             s->tl.renewal_token_gone();
+          } else if (auto lost_why = state_lost(*s); !lost_why.empty()) {
+            s->tl.state_lost(lost_why);
+          } else if (!gate().checked_current()) {
+            // The reply came on a connection the server's lock state was not
+            // checked on (a reconnect: maybe a restarted server that kept our
+            // key from a snapshot, maybe a promoted replica). It proves
+            // nothing until the check says the state is the one we were
+            // granted in; a check that finds a new epoch loses us at once.
+            m.renewal_failures_total.inc();
+            s->tl.renewal_failed(t, "reconnected; checking the server's lock state");
+            gate().recheck();
           } else {
             m.renewals_total.inc();
             s->renewals.fetch_add(1, std::memory_order_relaxed);
@@ -279,6 +314,15 @@ LeaseScheduler::~LeaseScheduler() = default;
 std::shared_ptr<LeaseScheduler> LeaseScheduler::create(std::shared_ptr<LockService> service) {
   auto s = std::shared_ptr<LeaseScheduler>(new LeaseScheduler(std::move(service)));
   s->impl_->owner = s;
+  s->impl_->gate_ptr = s->service_->gate();
+  std::weak_ptr<Impl> weak = s->impl_;
+  asio::post(s->service_->client().get_executor(), [weak, gate = s->impl_->gate_ptr] {
+    auto impl = weak.lock();
+    if (!impl) return;
+    static_cast<detail::StateGate*>(gate.get())->listen(impl, [weak](const std::string&, const std::string& reason) {
+      if (auto i = weak.lock()) i->on_new_epoch(reason);
+    });
+  });
   return s;
 }
 

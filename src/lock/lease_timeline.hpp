@@ -85,6 +85,10 @@ class LeaseTimeline {
     lose(LeaseState::token_gone, "the lock key is gone or held by another owner");
   }
 
+  // The server was found to have lost lock state since the grant
+  // (lock/quarantine.hpp): someone else may be granted the lock now.
+  void state_lost(const std::string& why) { lose(LeaseState::token_gone, why); }
+
   void renewal_failed(Clock::time_point now, const std::string& why) {
     in_flight_ = false;
     last_error_ = why;

@@ -15,6 +15,7 @@
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/subscriber.hpp"
+#include "lock/quarantine.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -327,22 +328,74 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(2000), opts_.backoff_max * 5);
   }
 
+  // Every attempt passes the lock-state gate first (lock/quarantine.hpp):
+  // usually a few comparisons, a check of the server after a reconnect or
+  // every `recheck`, a refusal while the server is in quarantine.
   void attempt() {
     in_flight_ = true;
     wake_pending_ = false;
+    gate_->admit([self = shared_from_this()](std::error_code ec, const std::string& detail,
+                                             std::chrono::milliseconds retry_in, detail::StateGate::TicketPtr t) {
+      if (self->finished_) return;
+      if (ec) {
+        self->in_flight_ = false;
+        return self->refused(ec, detail, retry_in);
+      }
+      self->ticket_ = std::move(t);
+      self->send();
+    });
+  }
+
+  // A grant from a server the gate did not check (the reply came after a
+  // reconnect) may come from one that lost its state: hand it back unused
+  // and try again through the gate.
+  bool suspect_grant() {
+    if (gate_->current(*ticket_)) return false;
+    svc_->async_release(resource_, token_, nullptr, opts_.fair);
+    // A fresh token, so a late release of this one cannot delete the next
+    // grant (with several connections their order is not kept). A fair
+    // waiter keeps its token: it names its place in the queue.
+    if (!opts_.fair) token_ = make_token(opts_.job_id);
+    return true;
+  }
+
+  void refused(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in) {
+    const auto now = Clock::now();
+    // A quarantine that ends within our wait is waited out, like a busy lock.
+    if (retry_in.count() > 0 && now + retry_in < deadline_) {
+      if (!timer_) timer_.emplace(svc_->client().get_executor());
+      timer_->expires_after(retry_in);
+      timer_->async_wait([self = shared_from_this()](boost::system::error_code) {
+        if (!self->finished_) self->attempt();
+      });
+      return;
+    }
+    finish(ec, false, std::nullopt, sent_at_, detail);
+  }
+
+  void send() {
     sent_at_ = Clock::now();
     auto self = shared_from_this();
     const bool may_wait = opts_.wait.count() > 0;
-    if (script_keys_.empty()) {
+    if (script_keys_.empty() && ticket_->evicted.empty()) {
       // The plain form other clients (ioredis, node-redlock, Laravel) use too.
       redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
       svc_->client().async_exec(std::move(cmd), [self](std::error_code ec, redis::Reply r) {
         self->in_flight_ = false;
         if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_, std::move(r.str));
-        if (r.is_ok()) return self->finish({}, true, std::nullopt, self->sent_at_);
+        if (r.is_ok()) {
+          if (self->suspect_grant()) return self->attempt();
+          return self->finish({}, true, std::nullopt, self->sent_at_);
+        }
         self->busy();
       });
       return;
+    }
+    if (script_keys_.empty()) {
+      // A server that evicts keys: the grant goes through acquire.lua, which
+      // refuses it if anything was evicted since the gate's check.
+      const auto& k = svc_->keys();
+      script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
     }
     std::vector<std::string> args = {token_,
                                      std::to_string(opts_.ttl.count()),
@@ -350,7 +403,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      opts_.fair ? "1" : "0",
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
-                                     entry_};
+                                     entry_,
+                                     ticket_->evicted};
     svc_->client().async_eval(
         script_acquire(), script_keys_, std::move(args), [self](std::error_code ec, redis::Reply r) {
           self->in_flight_ = false;
@@ -358,7 +412,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
           if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
             return self->finish(make_error_code(errc::protocol_error), false, std::nullopt, self->sent_at_,
                                 "unexpected reply to the acquire script: " + to_debug_string(r));
+          if (r.elements[0].integer == -1) {
+            // Keys were evicted since the gate's check: check again (that
+            // starts a quarantine for every client of the server).
+            self->gate_->invalidate();
+            return self->attempt();
+          }
           if (r.elements[0].integer == 1) {
+            if (self->suspect_grant()) return self->attempt();
             std::optional<std::int64_t> fence;
             if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
             return self->finish({}, true, fence, self->sent_at_);
@@ -456,15 +517,22 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (!granted) return done(Error(), std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
-    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, ttl_from);
+    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, ttl_from,
+                                ticket_ ? ticket_->epoch : std::string());
     done(Error(), std::move(lock));
   }
 
   std::shared_ptr<LockService> svc_;
+  std::shared_ptr<detail::StateGate> gate_ = std::static_pointer_cast<detail::StateGate>(svc_->gate());
+  detail::StateGate::TicketPtr ticket_;  // the gate's check the attempt in flight went out under
   LockService::Impl* impl_;
   std::string resource_;
   LockOptions opts_;
   LockService::AcquireHandler done_;
+
+ public:
+
+ private:
   // Only a waiter that has to wait needs a timer: try-once acquires skip it.
   std::optional<asio::steady_timer> timer_;
   std::string key_, token_, channel_, entry_;
@@ -478,21 +546,30 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
 }  // namespace
 
-LockService::LockService(redis::Client& client, KeyBuilder keys)
-    : client_(client), keys_(std::move(keys)), impl_(std::make_shared<Impl>(client, keys_)) {}
+LockService::LockService(redis::Client& client, KeyBuilder keys, QuarantineOptions q)
+    : client_(client),
+      keys_(std::move(keys)),
+      max_ttl_(q.max_ttl.count() > 0 ? q.max_ttl : client.options().lock_max_ttl),
+      impl_(std::make_shared<Impl>(client, keys_)) {
+  if (max_ttl_ < std::chrono::milliseconds(10))
+    throw Error(errc::invalid_argument, fmt::format("max TTL {} ms is below the 10 ms minimum", max_ttl_.count()));
+  if (q.recheck.count() <= 0) throw Error(errc::invalid_argument, "quarantine recheck must be positive");
+  gate_ = std::make_shared<detail::StateGate>(client, max_ttl_, q.recheck);
+}
 
 LockService::~LockService() {
   // The subscriber posts its own shutdown to the loop; nothing else to undo:
   // waiters hold a shared_ptr to us, so none is left when we die.
 }
 
-std::shared_ptr<LockService> LockService::create(redis::Client& client, KeyBuilder keys) {
-  return std::shared_ptr<LockService>(new LockService(client, std::move(keys)));
+std::shared_ptr<LockService> LockService::create(redis::Client& client, KeyBuilder keys, QuarantineOptions q) {
+  return std::shared_ptr<LockService>(new LockService(client, std::move(keys), q));
 }
 
 
 Lock LockService::make_lock(std::string resource, std::string key, std::string token,
-                            std::optional<std::int64_t> fence, const LockOptions& opts, Clock::time_point sent_at) {
+                            std::optional<std::int64_t> fence, const LockOptions& opts, Clock::time_point sent_at,
+                            std::string epoch) {
   Lock l;
   l.service_ = shared_from_this();
   l.resource_ = std::move(resource);
@@ -507,6 +584,7 @@ Lock LockService::make_lock(std::string resource, std::string key, std::string t
   // send time is the conservative start of the lease.
   l.acquired_at_ = sent_at;
   l.held_ = true;
+  l.epoch_ = std::move(epoch);
   return l;
 }
 
@@ -516,6 +594,12 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
   if (opts.ttl < std::chrono::milliseconds(10))
     throw Error(errc::invalid_argument, fmt::format("lock ttl {} ms is below the 10 ms minimum", opts.ttl.count()));
   if (opts.wait.count() < 0) throw Error(errc::invalid_argument, "negative wait");
+  // A lease longer than the quarantine could outlive it (docs/lock-safety.md).
+  if (opts.ttl > max_ttl_)
+    throw Error(errc::invalid_argument,
+                fmt::format("lock ttl {} ms is above the max TTL {} ms (the `max_ttl` URL option / "
+                            "QuarantineOptions::max_ttl): a quarantine after lost lock state would not cover it",
+                            opts.ttl.count(), max_ttl_.count()));
   auto w = std::make_shared<Waiter>(shared_from_this(), std::move(resource), std::move(opts), std::move(done));
   // On the loop already (a coroutine, a completion): start now, saving a hop.
   if (client_.running_in_loop_thread()) w->start(impl_.get());
@@ -569,7 +653,8 @@ Lock::Lock(Lock&& o) noexcept
       fair_(o.fair_),
       ttl_(o.ttl_),
       acquired_at_(o.acquired_at_),
-      held_(o.held_) {
+      held_(o.held_),
+      epoch_(std::move(o.epoch_)) {
   o.held_ = false;
 }
 
@@ -587,6 +672,7 @@ Lock& Lock::operator=(Lock&& o) noexcept {
     ttl_ = o.ttl_;
     acquired_at_ = o.acquired_at_;
     held_ = o.held_;
+    epoch_ = std::move(o.epoch_);
     o.held_ = false;
   }
   return *this;

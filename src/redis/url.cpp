@@ -156,6 +156,7 @@ ConnectionOptions parse_url(std::string_view url) {
     else if (key == "cert") o.tls.cert_file = val;
     else if (key == "key") o.tls.key_file = val;
     else if (key == "name") o.client_name = val;
+    else if (key == "max_ttl") o.lock_max_ttl = dur("max_ttl");
     else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
     else bad(url, fmt::format("unknown option \"{}\"", key));
   }

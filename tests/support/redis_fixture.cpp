@@ -5,11 +5,19 @@
 
 #include <thread>
 
+#include "jobguard/lock.hpp"
+
 namespace jobguard::test {
 
 void RedisTest::SetUp() {
   server = std::make_unique<EmbeddedRedis>();
   server->start();
+  if (trust_new_server_) trust_server();
+}
+
+void RedisTest::trust_server() const {
+  redis::Client c(options());
+  jobguard::trust_new_server(c);
 }
 
 void RedisTest::TearDown() { server.reset(); }

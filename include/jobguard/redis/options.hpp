@@ -28,6 +28,11 @@ struct ConnectionOptions {
   int db = 0;                 // SELECT db after connecting when non-zero
   TlsOptions tls{};
   std::string client_name{};  // CLIENT SETNAME, so `CLIENT LIST` shows who we are
+  // The longest lock TTL any client of this server uses (URL option `max_ttl`).
+  // A LockService on this connection refuses longer TTLs, and after finding
+  // that the server lost lock state refuses grants for this long
+  // (docs/lock-safety.md, "Quarantine after lost lock state"). Default 60 s.
+  std::chrono::milliseconds lock_max_ttl{60000};
 
   // Number of multiplexed connections shared by every caller. Default 1; the
   // event loop is the bottleneck long before one socket is (docs/bench.md:
@@ -86,7 +91,7 @@ struct ConnectionOptions {
 // Parses `redis://[user[:password]@]host[:port][/db][?opt=val&...]` and
 // `rediss://...` (TLS). Query options: `timeout`, `connect_timeout` (durations),
 // `connections`, `ca` (CA file), `sni`, `verify` (yes/no), `cert`, `key`,
-// `name`. IPv6 hosts go in brackets. Throws Error(errc::invalid_url) naming the
+// `name`, `max_ttl` (a duration, lock_max_ttl). IPv6 hosts go in brackets. Throws Error(errc::invalid_url) naming the
 // bad part, e.g. `invalid URL: port "99999" out of range in "redis://h:99999"`.
 ConnectionOptions parse_url(std::string_view url);
 

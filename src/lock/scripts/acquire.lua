@@ -1,8 +1,18 @@
 -- Grant a lock, optionally with a fencing token and FIFO fairness, atomically.
 -- KEYS: 1 lock, 2 fence counter, 3 fair queue (list), 4 fair queue expiries (zset)
 -- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 fair 0|1, 5 enqueue-if-busy 0|1,
---       6 waiter lease ms, 7 fair queue entry ("<ttl> <fence> <grant channel> <token>")
--- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy.
+--       6 waiter lease ms, 7 fair queue entry ("<ttl> <fence> <grant channel> <token>"),
+--       8 on a server that evicts keys: the evicted_keys count its lock-state
+--         record was checked at ('' elsewhere)
+-- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy,
+-- {-1, evicted_keys} when keys were evicted since that check.
+if ARGV[8] and ARGV[8] ~= '' then
+  -- Redis evicts before it runs a command, never inside a script: a count
+  -- equal to the checked one means no lock key vanished since the check
+  -- (epoch.lua), so this grant cannot join a holder whose key was evicted.
+  local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
+  if ev ~= tonumber(ARGV[8]) then return {-1, ev or -1} end
+end
 local token = ARGV[1]
 local fair = ARGV[4] == '1'
 local entry = ARGV[7]

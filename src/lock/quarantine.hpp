@@ -1,0 +1,84 @@
+// The gate in front of every grant: has the server this process talks to kept
+// its lock state? See docs/lock-safety.md, "Quarantine after lost lock state".
+//
+// The server is checked (scripts/epoch.lua: run_id, evictions, the lock-state
+// record) before the first grant, again every `recheck`, and after every
+// reconnect; a grant is delivered only if no reconnect happened between the
+// check and the grant's reply, so the grant came from the server that was
+// checked (a TCP connection does not survive a restart or a failover).
+//
+// Threads: every member runs on the client's event-loop thread only. Owned by
+// a LockService (shared); a check in flight keeps it alive.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::detail {
+
+// The record every client of a server reads and writes (a hash, no TTL).
+inline constexpr const char* kLockStateKey = "jobguard:epoch";
+
+class StateGate : public std::enable_shared_from_this<StateGate> {
+ public:
+  struct Ticket {
+    std::uint64_t mark = 0;  // the client's reconnect count the check ran under
+    std::string epoch;       // the record's epoch id then
+    std::string evicted;     // acquire.lua's eviction baseline on an evicting server, else ""
+  };
+  using TicketPtr = std::shared_ptr<const Ticket>;
+  // ec clear: the grant may be asked for under `t`. ec set: refused; `detail`
+  // is one line, `retry_in` > 0 when a quarantine ends in that long.
+  using Admit = std::function<void(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in,
+                                   TicketPtr t)>;
+  // A new epoch was found: every lease granted under another one is lost.
+  using Listener = std::function<void(const std::string& epoch, const std::string& reason)>;
+
+  StateGate(redis::Client& client, std::chrono::milliseconds max_ttl, std::chrono::milliseconds recheck);
+
+  void admit(Admit cb);
+  // True while no reconnect happened since `t`'s check: a reply received
+  // now came from the server that was checked.
+  bool current(const Ticket& t) const;
+  // Check again before the next grant (acquire.lua saw an eviction, a lease
+  // renewal came back on a new connection).
+  void invalidate();
+  // The epoch of the last check ("" before the first).
+  const std::string& epoch() const noexcept { return last_epoch_; }
+  // True when the last check ran on the connection in use now.
+  bool checked_current() const { return ticket_ && ticket_->mark == mark(); }
+  // Starts a check unless one is running or the last one is current.
+  void recheck();
+  // `owner` dies -> the listener is dropped.
+  void listen(std::weak_ptr<void> owner, Listener l);
+  std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }
+  std::uint64_t mark() const;
+
+ private:
+  void check();
+  void on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r);
+  void settle(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in);
+
+  redis::Client& client_;
+  const std::chrono::milliseconds max_ttl_, recheck_;
+  TicketPtr ticket_;  // the last good check; null before it or after invalidate()
+  std::chrono::steady_clock::time_point checked_at_{}, quarantine_until_{};
+  std::string reason_;
+  std::string last_epoch_;  // survives invalidate(): a changed id is news
+  bool checking_ = false;
+  int retries_ = 0;
+  std::vector<Admit> waiting_;
+  std::vector<std::pair<std::weak_ptr<void>, Listener>> listeners_;
+};
+
+// The message a refused grant carries.
+std::string quarantine_message(const std::string& reason, std::chrono::milliseconds left);
+
+}  // namespace jobguard::detail
