@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -94,19 +93,17 @@ TEST_F(SupervisorTest, SeveralChildrenOnOneLoopEachGetTheirOwnOutcome) {
 
 TEST_F(SupervisorTest, ForwardedSignalReachesTheGroupAndEscalates) {
   asio::io_context ctx;
-  const auto got = file("got");
+  const auto got = file("got"), ready = file("ready");
   std::optional<CmdOutcome> handled, ignored;
-  Supervisor a(ctx.get_executor(), sh("trap 'echo USR1 > \"$0\"; exit 4' USR1; while :; do sleep 0.05; done", {got}),
+  Supervisor a(ctx.get_executor(),
+               sh("trap 'echo USR1 > \"$0\"; exit 4' USR1; echo > \"$0.a\"; while :; do sleep 0.05; done", {got}),
                [&](const CmdOutcome& o) { handled = o; });
-  Supervisor b(ctx.get_executor(), sh("trap '' USR2; while :; do sleep 0.05; done"),
+  Supervisor b(ctx.get_executor(), sh("trap '' USR2; echo > \"$0\"; while :; do sleep 0.05; done", {ready}),
                [&](const CmdOutcome& o) { ignored = o; });
-  // Let both shells install their traps (a signal before that kills sh by default).
-  asio::steady_timer t(ctx);
-  t.expires_after(300ms);
-  t.async_wait([&](auto) {
-    a.forward(SIGUSR1);
-    b.forward(SIGUSR2);
-  });
+  // Both shells have their traps (a signal before that kills sh by default).
+  run_until(ctx, [&] { return std::filesystem::exists(got + ".a") && std::filesystem::exists(ready); });
+  a.forward(SIGUSR1);
+  b.forward(SIGUSR2);
   run_until(ctx, [&] { return handled && ignored; });
   ASSERT_TRUE(handled && ignored);
   EXPECT_EQ(handled->ending, Ending::signaled);
