@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -93,39 +94,23 @@ struct RunArgs {
 
 milliseconds to_ms(microseconds d) { return duration_cast<milliseconds>(d); }
 
-// Log lines on stderr. Problems always; every event when the user asked for a
-// log format explicitly. Callable from the main thread only.
-class Reporter {
- public:
-  Reporter(observe::LogFormat format, bool verbose) : log_(format), verbose_(verbose) {}
+// Log lines on stderr: problems always, every event when the user asked for
+// a log format explicitly. Main thread only.
+struct Reporter {
+  observe::EventLog log;
+  bool verbose = false;
+  std::string key, job_id;
 
-  void set_context(std::string key, std::string job_id) {
-    key_ = std::move(key);
-    job_id_ = std::move(job_id);
-  }
-
-  // `message` is the one line a human reads; it also goes into the structured forms.
-  void event(std::string_view name, std::string_view outcome, std::optional<double> elapsed_ms, bool problem,
-             const std::string& message, std::vector<std::pair<std::string, observe::FieldValue>> extra = {}) {
-    if (!problem && !verbose_) return;
-    if (!verbose_ && log_.format() == observe::LogFormat::human) {
-      std::cerr << "jobguard run: " << message << std::endl;
+  void operator()(job::RunEvent ev) {
+    if (!ev.problem && !verbose) return;
+    if (!verbose && log.format() == observe::LogFormat::human) {
+      std::cerr << "jobguard run: " << ev.message << std::endl;
       return;
     }
-    if (!message.empty()) extra.emplace_back("message", message);
-    log_.emit(observe::Event{.event = name,
-                             .lock_key = key_,
-                             .job_id = job_id_,
-                             .lock_class = {},
-                             .outcome = outcome,
-                             .elapsed_ms = elapsed_ms,
-                             .extra = std::move(extra)});
+    if (!ev.message.empty()) ev.extra.emplace_back("message", ev.message);
+    log.emit(observe::Event{.event = ev.event, .lock_key = key, .job_id = job_id, .lock_class = {},
+                            .outcome = ev.outcome, .elapsed_ms = ev.elapsed_ms, .extra = std::move(ev.extra)});
   }
-
- private:
-  observe::EventLog log_;
-  bool verbose_;
-  std::string key_, job_id_;
 };
 
 class Runner {
@@ -158,7 +143,8 @@ class Runner {
     o.run_id = a_.once;
     KeyBuilder keys;
     KeyBuilder::validate_resource(a_.key);  // names the key and the offending character
-    rep_.set_context(keys.lock_key(a_.key), a_.job_id);
+    rep_.key = keys.lock_key(a_.key);
+    rep_.job_id = a_.job_id;
     auto conn = redis::parse_url(g_.redis_url);
     if (conn.client_name.empty()) conn.client_name = "jobguard-run";
     (void)make_token(a_.job_id);  // validates --job-id (no '#', no whitespace)
@@ -175,9 +161,7 @@ class Runner {
     if (!a_.once.empty()) done_store = open_completion_store(client);
     o.once = done_store.get();
 
-    const auto r = job::run_locked(client, keys, std::move(o), [this](job::RunEvent ev) {
-      rep_.event(ev.event, ev.outcome, ev.elapsed_ms, ev.problem, ev.message, std::move(ev.extra));
-    });
+    const auto r = job::run_locked(client, keys, std::move(o), std::ref(rep_));
     using S = job::LockedRunResult::Status;
     if (r.status == S::busy) return exit_code::busy;
     if (r.status == S::skipped) return exit_code::ok;
@@ -242,9 +226,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_option("CMD", args->cmd, "The command and its arguments, after --")->required();
   CLI::Option* log_format = root.get_option_no_throw("--log-format");
   out.emplace_back(sub, [&g, args, log_format] {
-    const bool verbose = log_format && log_format->count() > 0;
-    const auto format = observe::parse_log_format(g.log_format);
-    Reporter rep(format, verbose);
+    Reporter rep{observe::EventLog(observe::parse_log_format(g.log_format)), log_format && log_format->count() > 0};
     auto verbatim = cmd_from_raw_args(raw_args());
     try {
       if (!verbatim) throw Error(errc::invalid_argument, "CMD must follow `--`: jobguard run --key KEY [FLAGS] -- CMD [ARGS...]");
@@ -254,7 +236,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
     } catch (const Error& e) {
       // Reported here rather than by main so --log-format json stays one JSON
       // object per line.
-      rep.event("error", "error", std::nullopt, true, e.what());
+      rep(job::RunEvent{"error", "error", std::nullopt, true, e.what(), {}});
       return exit_status_for(e);
     }
   });
