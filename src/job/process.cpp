@@ -273,6 +273,14 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   s.on_stop = std::move(on_stop);
   // Installed before the fork so that no SIGCHLD of ours is missed.
   s.sigchld.add(SIGCHLD);
+  // Asio installs its handler without SA_RESTART: every stop, continue and
+  // exit of a child would then fail a blocking call on another thread (a
+  // write to stderr) with EINTR. Same handler, restarting calls.
+  struct sigaction sa {};
+  if (::sigaction(SIGCHLD, nullptr, &sa) == 0 && !(sa.sa_flags & SA_RESTART)) {
+    sa.sa_flags |= SA_RESTART;
+    ::sigaction(SIGCHLD, &sa, nullptr);
+  }
 
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) fail(errno, "pipe");
