@@ -33,7 +33,7 @@
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
 #include "jobguard/job/lock_class.hpp"
-#include "jobguard/job/process.hpp"
+#include "jobguard/job/supervisor.hpp"
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/lease.hpp"
@@ -417,7 +417,8 @@ class Worker {
       stopped_by_signal_ = true;
       if (current_) {
         interrupted_ = true;
-        current_->terminate(second ? milliseconds(0) : grace_);
+        if (second) current_->kill();
+        else current_->forward(SIGTERM);
       }
       wait_signal(signals);
     });
@@ -531,58 +532,38 @@ class Worker {
       interrupted_ = true;
       throw std::runtime_error("worker stopping: CMD not started");
     }
-    job::ProcessOptions po;
-    po.argv = a_.cmd;
-    po.env = {{"JOBGUARD_JOB_ID", job.id},
+    job::SupervisorOptions so;
+    so.argv = a_.cmd;
+    so.grace = grace_;
+    so.env = {{"JOBGUARD_JOB_ID", job.id},
               {"JOBGUARD_KEY", ctx.lock_key()},
               {"JOBGUARD_IDEMPOTENCY_KEY", ctx.idempotency_key()}};
-    if (ctx.fence()) po.env.emplace_back("JOBGUARD_FENCE", std::to_string(*ctx.fence()));
-    for (const auto& [k, v] : job.fields) po.env.emplace_back(field_env_name(k), v);
+    if (ctx.fence()) so.env.emplace_back("JOBGUARD_FENCE", std::to_string(*ctx.fence()));
+    for (const auto& [k, v] : job.fields) so.env.emplace_back(field_env_name(k), v);
+    // A plain lock is not renewed: CMD past the lock's safe time would run
+    // beside the next holder, so it is stopped there like on a lost lease.
+    if (ctx.guarded() && !cls_long_running_) so.safe_time = std::max(milliseconds(1), ctx.safe_time_left());
 
-    std::optional<job::ExitStatus> status;
-    bool stopped_by_runner = false;
+    std::optional<job::CmdOutcome> out;
     loop_.restart();
-    std::unique_ptr<job::Process> proc;
-    try {
-      proc = std::make_unique<job::Process>(loop_.get_executor(), po, [&](job::ExitStatus st) { status = st; });
-    } catch (const std::system_error& e) {
-      last_exit_ = fmt::format("cannot run CMD: {}", e.what());
-      throw std::runtime_error(*last_exit_);
-    }
-    current_ = proc.get();
-    const std::uint64_t gen = ++generation_;
+    job::Supervisor sup(loop_.get_executor(), std::move(so), [&](const job::CmdOutcome& o) { out = o; });
+    if (sup.pid() > 0) current_ = &sup;
     {
       // The runner requests a stop from its own thread (a lost lease, the hard
-      // timeout); only the loop's thread may touch the Process, and a post that
-      // arrives after this CMD ended must not reach the next one: `gen`.
-      std::stop_callback on_stop(ctx.stop_token(), [this, gen, &stopped_by_runner] {
-        asio::post(loop_, [this, gen, &stopped_by_runner] {
-          if (gen != generation_ || !current_) return;
-          stopped_by_runner = true;
-          current_->terminate(grace_);
-        });
+      // timeout); the Supervisor carries it to loop_ and drops it once it ended.
+      std::stop_callback on_stop(ctx.stop_token(), [stop = sup.remote_stop()] {
+        stop(job::Ending::lease_lost, "lease lost or hard timeout");
       });
-      // A plain lock is not renewed: CMD past the lock's safe time would run
-      // beside the next holder, so it is stopped there like on a lost lease.
-      asio::steady_timer deadline(loop_);
-      if (ctx.guarded() && !cls_long_running_) {
-        deadline.expires_after(ctx.safe_time_left());
-        deadline.async_wait([this, gen, &stopped_by_runner](boost::system::error_code ec) {
-          if (ec || gen != generation_ || !current_) return;
-          stopped_by_runner = true;
-          current_->terminate(grace_);
-        });
-      }
-      while (!status) loop_.run_one();
-      deadline.cancel();
+      while (!out) loop_.run_one();
       current_ = nullptr;
-      // Handlers posted by on_stop before its destruction may still be queued;
-      // the generation check turns them into no-ops.
-      ++generation_;
     }
-    proc.reset();
-    if (status->shell_status() == 0 && !stopped_by_runner) return std::string();
-    last_exit_ = status->describe();
+    if (out->ending == job::Ending::failed_to_start) {
+      last_exit_ = fmt::format("cannot run CMD: {}", out->detail);
+      throw std::runtime_error(*last_exit_);
+    }
+    const bool stopped_by_runner = out->ending == job::Ending::lease_lost;
+    if (out->status.shell_status() == 0 && !stopped_by_runner) return std::string();
+    last_exit_ = out->ending == job::Ending::stopped ? out->describe() : out->status.describe();
     if (stopped_by_runner)
       throw Error(errc::lease_lost,
                   fmt::format("CMD stopped: {}; {}",
@@ -597,8 +578,7 @@ class Worker {
   // Keeps run_one() waiting for CMD's exit even when no other handler is queued.
   asio::executor_work_guard<asio::io_context::executor_type> work_{loop_.get_executor()};
   milliseconds grace_{10000};
-  job::Process* current_ = nullptr;  // the running CMD; loop thread only
-  std::uint64_t generation_ = 0;
+  job::Supervisor* current_ = nullptr;  // the running CMD; loop thread only
   bool cls_long_running_ = false;
   bool stopping_ = false, stopped_by_signal_ = false, interrupted_ = false;
   std::optional<std::string> last_exit_;

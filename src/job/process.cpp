@@ -1,19 +1,22 @@
 #include "jobguard/job/process.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
-#include <optional>
+#include <string_view>
 #include <system_error>
 
 #include "jobguard/error.hpp"
@@ -23,7 +26,6 @@ extern char** environ;
 namespace jobguard::job {
 
 namespace asio = boost::asio;
-using std::chrono::milliseconds;
 
 std::string ExitStatus::describe() const {
   if (signaled) {
@@ -35,21 +37,28 @@ std::string ExitStatus::describe() const {
 
 namespace {
 
+bool withheld(std::string_view name) {
+  if (name.substr(0, 9) != "JOBGUARD_") return false;
+  auto ends = [&](std::string_view s) { return name.size() > 9 + s.size() && name.substr(name.size() - s.size()) == s; };
+  return ends("_URL") || ends("_PASSWORD");
+}
+
 class SpawnAttrs {
  public:
-  SpawnAttrs() {
+  explicit SpawnAttrs(pid_t pgroup) {
     posix_spawnattr_init(&attr_);
+    // Every disposition back to default: ignored ones survive exec, and
+    // jobguard ignores SIGPIPE (so must CMD not: `cmd | head -1` relies on it),
+    // and a parent started in the background by a non-interactive shell
+    // ignores SIGINT/SIGQUIT.
     sigset_t defaults, empty;
-    sigemptyset(&defaults);
-    // A parent started in the background by a non-interactive shell ignores
-    // SIGINT/SIGQUIT, and a parent with a Redis client may ignore SIGPIPE;
-    // ignored dispositions survive exec, so reset the ones CMD relies on.
-    for (int s : {SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, s);
+    sigfillset(&defaults);
+    sigdelset(&defaults, SIGKILL);
+    sigdelset(&defaults, SIGSTOP);
     sigemptyset(&empty);
     posix_spawnattr_setsigdefault(&attr_, &defaults);
     posix_spawnattr_setsigmask(&attr_, &empty);
-    // pgroup 0: the child leads a new group whose id is its pid.
-    posix_spawnattr_setpgroup(&attr_, 0);
+    posix_spawnattr_setpgroup(&attr_, pgroup);
     posix_spawnattr_setflags(&attr_, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   }
   ~SpawnAttrs() { posix_spawnattr_destroy(&attr_); }
@@ -61,19 +70,6 @@ class SpawnAttrs {
   posix_spawnattr_t attr_;
 };
 
-std::vector<std::string> build_env(const std::vector<std::pair<std::string, std::string>>& extra) {
-  std::vector<std::string> out;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string_view entry(*e);
-    const auto name = entry.substr(0, entry.find('='));
-    bool replaced = false;
-    for (const auto& [k, v] : extra) replaced = replaced || k == name;
-    if (!replaced) out.emplace_back(entry);
-  }
-  for (const auto& [k, v] : extra) out.push_back(k + "=" + v);
-  return out;
-}
-
 int open_pidfd(pid_t pid) {
 #ifdef SYS_pidfd_open
   return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // close-on-exec by default
@@ -84,181 +80,303 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
+// The guardian, in the child of fork(). Only raw system calls from here on:
+// the parent may have other threads (the Redis client's loop), so a lock in
+// malloc or in a sanitizer runtime may be held by a thread that does not
+// exist in this copy.
+[[noreturn]] void guardian_main(int rfd, long max_fd) {
+  // Blocked rather than ignored: no sigaction (intercepted by sanitizers), and
+  // a blocked SIGTTIN/SIGTTOU/SIGTSTP does not stop us. Signals sent to the
+  // group (forwarded ones, ^C when CMD is in the foreground) stay pending here.
+  sigset_t all;
+  sigfillset(&all);
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, nullptr, 8);
+  ::syscall(SYS_setpgid, 0, 0);
+  // Our copy of every other descriptor goes: above all the write end of our
+  // own pipe and those of other guardians' pipes, which would hold off EOF.
+  long rc = -1;
+#ifdef SYS_close_range
+  rc = 0;
+  if (rfd > 0) rc |= ::syscall(SYS_close_range, 0U, static_cast<unsigned>(rfd - 1), 0U);
+  rc |= ::syscall(SYS_close_range, static_cast<unsigned>(rfd + 1), ~0U, 0U);
+#endif
+  if (rc != 0)
+    for (long fd = 0; fd < max_fd; ++fd)
+      if (fd != rfd) ::syscall(SYS_close, fd);
+  char c;
+  for (;;) {
+    const long n = ::syscall(SYS_read, rfd, &c, 1);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    break;  // EOF: the owner is gone or done
+  }
+  const long self = ::syscall(SYS_getpid);
+  // Never kill a group we do not lead (setpgid failed: we would be in the
+  // owner's group).
+  if (::syscall(SYS_getpgid, 0) == self) ::syscall(SYS_kill, -self, SIGKILL);
+  ::syscall(SYS_exit_group, 0);
+  __builtin_unreachable();
+}
+
+// tcsetpgrp from a process that is not in the foreground raises SIGTTOU
+// unless it is blocked (termios(3)); block it on this thread for the call.
+bool set_foreground(pid_t pgrp) {
+  sigset_t ttou, old;
+  sigemptyset(&ttou);
+  sigaddset(&ttou, SIGTTOU);
+  ::pthread_sigmask(SIG_BLOCK, &ttou, &old);
+  const bool ok = ::tcsetpgrp(STDIN_FILENO, pgrp) == 0;
+  const int saved = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = saved;
+  return ok;
+}
+
+void reap_blocking(pid_t pid) {
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+}
+
 }  // namespace
 
+std::vector<std::string> child_environment(const std::vector<std::pair<std::string, std::string>>& extra) {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view entry(*e);
+    const auto name = entry.substr(0, entry.find('='));
+    bool replaced = withheld(name);
+    for (const auto& [k, v] : extra) replaced = replaced || k == name;
+    if (!replaced) out.emplace_back(entry);
+  }
+  for (const auto& [k, v] : extra) out.push_back(k + "=" + v);
+  return out;
+}
+
 struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
-  explicit Impl(asio::any_io_executor ex) : pidfd(ex), sigchld(ex), kill_timer(ex), drain_timer(ex) {}
+  explicit Impl(asio::any_io_executor ex) : pidfd(ex), guardian_pidfd(ex), sigchld(ex) {}
 
   asio::posix::stream_descriptor pidfd;
+  asio::posix::stream_descriptor guardian_pidfd;
   asio::signal_set sigchld;
-  asio::steady_timer kill_timer;
-  asio::steady_timer drain_timer;
   ExitHandler on_exit;
+  StopHandler on_stop;
   pid_t pid = -1;
+  pid_t guardian = -1;
+  int guardian_pipe = -1;  // our write end; closing it makes the guardian kill the group
   bool reaped = false;
+  bool guardian_reaped = false;
   bool reported = false;
-  bool terminating = false;
-  bool kill_sent = false;
-  int drain_polls_after_kill = 0;
-  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  bool stopped = false;
+  pid_t restore_pgrp = -1;  // --foreground: the terminal's group before CMD
   ExitStatus status;
 
-  bool group_alive() const { return pid > 0 && ::kill(-pid, 0) == 0; }
-
-  void signal_group(int sig) {
-    if (pid <= 0) return;
-    // The group outlives its leader while members remain; ESRCH means it is gone.
-    ::kill(-pid, sig);
+  void release_terminal() {
+    if (restore_pgrp > 0) set_foreground(restore_pgrp);
+    restore_pgrp = -1;
   }
 
-  // True once the child was reaped.
-  bool try_reap() {
-    if (reaped) return true;
-    int st = 0;
-    const pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == 0) return false;
-    if (r < 0) {
-      if (errno == EINTR) return false;
-      // ECHILD: someone else reaped it (a SIG_IGN'd SIGCHLD would do that);
-      // the status is lost, report it as killed so no one mistakes it for success.
-      status = ExitStatus{true, 0, SIGKILL};
-    } else if (WIFSIGNALED(st)) {
-      status = ExitStatus{true, 0, WTERMSIG(st)};
-    } else {
-      status = ExitStatus{false, WEXITSTATUS(st), 0};
+  void close_guardian_pipe() {
+    if (guardian_pipe >= 0) ::close(guardian_pipe);
+    guardian_pipe = -1;
+  }
+
+  void poll() {
+    while (!reaped) {
+      int st = 0;
+      const pid_t r = ::waitpid(pid, &st, WNOHANG | WUNTRACED | WCONTINUED);
+      if (r == 0) break;
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        // ECHILD: someone else reaped it (a SIG_IGN'd SIGCHLD would do that);
+        // the status is lost, report it as killed so no one mistakes it for success.
+        status = ExitStatus{true, 0, SIGKILL};
+        reaped = true;
+      } else if (WIFSTOPPED(st)) {
+        stopped = true;
+        if (on_stop) on_stop(true, WSTOPSIG(st));
+      } else if (WIFCONTINUED(st)) {
+        stopped = false;
+        if (on_stop) on_stop(false, 0);
+      } else {
+        status = WIFSIGNALED(st) ? ExitStatus{true, 0, WTERMSIG(st)} : ExitStatus{false, WEXITSTATUS(st), 0};
+        reaped = true;
+      }
     }
-    reaped = true;
-    return true;
-  }
-
-  void on_reaped() {
+    if (!reaped) return;
+    // CMD is over: the terminal goes back before anything else runs in our
+    // group, and whatever CMD left in its group dies with the guardian, so
+    // nothing of this job runs on once we report (and release the lock).
+    release_terminal();
+    close_guardian_pipe();
+    while (!guardian_reaped) {
+      int st = 0;
+      const pid_t r = ::waitpid(guardian, &st, WNOHANG);
+      if (r == 0) return;  // its pidfd or SIGCHLD calls us again
+      if (r < 0 && errno == EINTR) continue;
+      guardian_reaped = true;
+    }
+    if (reported) return;
+    reported = true;
     boost::system::error_code ignored;
     pidfd.close(ignored);
+    guardian_pidfd.close(ignored);
     sigchld.cancel();
-    maybe_report();
-  }
-
-  // After terminate(), the job is over only when its whole group is: a shell
-  // that dies first must not leave a `sleep` that ignores SIGTERM running on.
-  void maybe_report() {
-    if (reported || !reaped) return;
-    if (terminating && group_alive() && drain_polls_after_kill < 50) {
-      if (kill_sent) ++drain_polls_after_kill;  // zombies of orphans can linger: bounded
-      drain_timer.expires_after(milliseconds(20));
-      drain_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-        if (!ec) self->maybe_report();
-      });
-      return;
-    }
-    reported = true;
-    kill_timer.cancel();
+    on_stop = nullptr;
     if (auto cb = std::move(on_exit)) {
       on_exit = nullptr;
       cb(status);
     }
   }
 
-  void watch_pidfd() {
-    pidfd.async_wait(asio::posix::stream_descriptor::wait_read,
-                     [self = shared_from_this()](boost::system::error_code ec) {
-                       if (ec) return;
-                       if (self->try_reap()) self->on_reaped();
-                       else self->watch_pidfd();
-                     });
+  void watch(asio::posix::stream_descriptor& fd) {
+    fd.async_wait(asio::posix::stream_descriptor::wait_read,
+                  [self = shared_from_this(), &fd](boost::system::error_code ec) {
+                    if (ec || self->reported) return;
+                    self->poll();
+                    // A pidfd stays readable after the exit: watch it no more.
+                    if (!self->reported && &fd == &self->pidfd && !self->reaped) self->watch(fd);
+                  });
   }
 
   void watch_sigchld() {
+    // Stops and continues are reported only by SIGCHLD (a pidfd signals exit);
+    // it also covers kernels without pidfds.
     sigchld.async_wait([self = shared_from_this()](boost::system::error_code ec, int) {
-      if (ec) return;
-      if (self->try_reap()) self->on_reaped();
-      else self->watch_sigchld();
-    });
-  }
-
-  void arm_kill() {
-    kill_timer.expires_at(*kill_at);
-    kill_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (ec) return;
-      self->kill_sent = true;
-      self->signal_group(SIGKILL);
-      self->maybe_report();
+      if (ec || self->reported) return;
+      self->poll();
+      if (!self->reported) self->watch_sigchld();
     });
   }
 };
 
-Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit)
+Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit, StopHandler on_stop)
     : impl_(std::make_shared<Impl>(ex)) {
   if (options.argv.empty() || options.argv[0].empty()) throw Error(errc::invalid_argument, "no command to run");
+  // Everything the fork child might need is allocated before the fork.
   std::vector<char*> argv;
   for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  auto env = build_env(options.env);
+  auto env = child_environment(options.env);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
+  const long max_fd = std::clamp(::sysconf(_SC_OPEN_MAX), 1024L, 1L << 20);
+  auto fail = [&](int err, std::string_view what) {
+    // std::system_error appends the errno's text.
+    throw std::system_error(err, std::generic_category(),
+                            what.empty() ? fmt::format("cannot run \"{}\"", options.argv[0])
+                                         : fmt::format("cannot run \"{}\": {}", options.argv[0], what));
+  };
 
-  impl_->on_exit = std::move(on_exit);
-  SpawnAttrs attrs;
+  auto& s = *impl_;
+  s.on_exit = std::move(on_exit);
+  s.on_stop = std::move(on_stop);
+  // Installed before the fork so that no SIGCHLD of ours is missed.
+  s.sigchld.add(SIGCHLD);
+  // Asio installs its handler without SA_RESTART: every stop, continue and
+  // exit of a child would then fail a blocking call on another thread (a
+  // write to stderr) with EINTR. Same handler, restarting calls.
+  struct sigaction sa {};
+  if (::sigaction(SIGCHLD, nullptr, &sa) == 0 && !(sa.sa_flags & SA_RESTART)) {
+    sa.sa_flags |= SA_RESTART;
+    ::sigaction(SIGCHLD, &sa, nullptr);
+  }
+
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) fail(errno, "pipe");
+  const pid_t g = ::fork();
+  if (g < 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    fail(err, "fork");
+  }
+  if (g == 0) guardian_main(fds[0], max_fd);
+  ::close(fds[0]);
+  s.guardian = g;
+  s.guardian_pipe = fds[1];
+  // Both sides set the group (the usual race-free idiom): CMD must not be
+  // spawned before the group exists.
+  ::setpgid(g, g);
+  // From here on, a failure must end the guardian (it kills only its own group).
+  auto undo = [&](int err, std::string_view what) {
+    s.release_terminal();
+    s.close_guardian_pipe();
+    ::kill(g, SIGKILL);
+    reap_blocking(g);
+    s.guardian_reaped = true;
+    s.reaped = s.reported = true;
+    fail(err, what);
+  };
+  if (::getpgid(g) != g) undo(ESRCH, "the guardian process could not lead a process group");
+  if (options.foreground) {
+    const pid_t before = ::tcgetpgrp(STDIN_FILENO);
+    if (before < 0 || !set_foreground(g)) undo(errno, "--foreground: standard input is not our terminal");
+    s.restore_pgrp = before;
+  }
+
+  SpawnAttrs attrs(g);
   pid_t pid = -1;
   const int rc = ::posix_spawnp(&pid, argv[0], nullptr, attrs.get(), argv.data(), envp.data());
-  if (rc != 0) throw std::system_error(rc, std::generic_category(), fmt::format("cannot run \"{}\"", options.argv[0]));
-  impl_->pid = pid;
+  if (rc != 0) undo(rc, "");
+  s.pid = pid;
 
-  const int fd = open_pidfd(pid);
-  if (fd >= 0) {
-    impl_->pidfd.assign(fd);
-    impl_->watch_pidfd();
-  } else {
-    // Without a pidfd: a SIGCHLD that arrived before the handler was installed
-    // is lost, so look once after installing it.
-    impl_->sigchld.add(SIGCHLD);
-    impl_->watch_sigchld();
-    asio::post(ex, [self = impl_] {
-      if (self->try_reap()) self->on_reaped();
-    });
+  if (const int fd = open_pidfd(pid); fd >= 0) {
+    s.pidfd.assign(fd);
+    s.watch(s.pidfd);
   }
+  if (const int fd = open_pidfd(g); fd >= 0) {
+    s.guardian_pidfd.assign(fd);
+    s.watch(s.guardian_pidfd);
+  }
+  s.watch_sigchld();
+  // A SIGCHLD that came before the handler ran is not lost (the set was
+  // installed first), but look once anyway: cheap, and it covers a child that
+  // stopped at once.
+  asio::post(ex, [self = impl_] {
+    if (!self->reported) self->poll();
+  });
 }
 
 Process::~Process() {
   auto& s = *impl_;
   s.on_exit = nullptr;
+  s.on_stop = nullptr;
   boost::system::error_code ignored;
   s.pidfd.close(ignored);
+  s.guardian_pidfd.close(ignored);
   s.sigchld.cancel();
-  s.kill_timer.cancel();
-  s.drain_timer.cancel();
   if (!s.reaped && s.pid > 0) {
-    s.signal_group(SIGKILL);
-    int st = 0;
-    while (::waitpid(s.pid, &st, 0) < 0 && errno == EINTR) {
-    }
+    ::kill(-s.guardian, SIGKILL);
+    reap_blocking(s.pid);
     s.reaped = true;
+  }
+  s.release_terminal();
+  s.close_guardian_pipe();
+  if (!s.guardian_reaped && s.guardian > 0) {
+    reap_blocking(s.guardian);
+    s.guardian_reaped = true;
   }
 }
 
 pid_t Process::pid() const noexcept { return impl_->pid; }
+pid_t Process::pgid() const noexcept { return impl_->guardian; }
 bool Process::running() const noexcept { return !impl_->reaped; }
-bool Process::terminating() const noexcept { return impl_->terminating; }
+bool Process::stopped() const noexcept { return impl_->stopped && !impl_->reaped; }
 
-void Process::forward(int sig) {
-  if (impl_->reported) return;
-  impl_->signal_group(sig);
+void Process::signal_group(int sig) {
+  auto& s = *impl_;
+  if (s.reaped) return;
+  // The guardian is a member until the end, so the group id is ours as long
+  // as CMD is unreaped.
+  ::kill(-s.guardian, sig);
+  if (sig != SIGCONT && sig != SIGKILL) ::kill(-s.guardian, SIGCONT);
 }
 
-void Process::terminate(milliseconds grace) {
+void Process::kill() {
   auto& s = *impl_;
-  if (s.reported) return;
-  s.terminating = true;
-  const auto at = std::chrono::steady_clock::now() + std::max(grace, milliseconds(0));
-  if (s.kill_at && *s.kill_at <= at) return;
-  s.kill_at = at;
-  s.signal_group(SIGTERM);
-  if (grace.count() <= 0) {
-    s.kill_sent = true;
-    s.signal_group(SIGKILL);
-  }
-  s.arm_kill();
-  s.maybe_report();
+  if (s.reaped) return;
+  ::kill(-s.guardian, SIGKILL);
 }
 
 }  // namespace jobguard::job

@@ -1,14 +1,27 @@
-// A child process for a guarded job: CMD runs in its own process group (so
-// one signal reaches everything it started), with extra environment variables
-// such as JOBGUARD_KEY. Its exit is reported on an Asio executor without
-// blocking the loop: through a pidfd (Linux >= 5.3), or SIGCHLD + waitpid(pid,
-// WNOHANG) where pidfds are unavailable.
+// The mechanism under job::Supervisor: one CMD in its own process group,
+// watched by a guardian process that kills the whole group when jobguard dies,
+// whatever kills it (SIGKILL included). Use job::Supervisor; this class has no
+// policy (no timeouts, no leases, no signal forwarding of its own).
+//
+// The group: a small guardian, forked from this process before CMD is
+// spawned, leads a new process group and CMD is spawned into it. The guardian
+// holds the read end of a pipe whose only write end is ours; it blocks every
+// catchable signal and reads until EOF. EOF comes when this process exits or
+// is killed, or when the Process ends; the guardian then SIGKILLs its group
+// (CMD, everything CMD started that stayed in the group, and itself). Because
+// the guardian is a live member of the group until that moment, the group id
+// cannot be reused by an unrelated group while it matters. What it cannot
+// cover: a process that leaves the group (setsid, setpgid) and a SIGSTOPped
+// guardian (docs/lock-safety.md, "Supervision").
+//
+// Exit, stop and continue of CMD are reported on an Asio executor without
+// blocking the loop: a pidfd (Linux >= 5.3) and SIGCHLD + waitpid(WNOHANG |
+// WUNTRACED | WCONTINUED).
 //
 // Threads: construct, call and destroy a Process on the thread that runs its
-// executor (one io_context run by one thread). The exit callback runs there too.
-// Ownership: the Process owns the child; destroying it while the child still
-// runs SIGKILLs the group and reaps the child, so nothing outlives the owner
-// unnoticed.
+// executor (one io_context run by one thread); callbacks run there too.
+// Ownership: the Process owns CMD and the guardian; destroying it while CMD
+// runs SIGKILLs the group and reaps both.
 #pragma once
 
 #include <sys/types.h>
@@ -27,8 +40,14 @@ struct ProcessOptions {
   // argv[0] is looked up on PATH as execvp(3) does. Must not be empty.
   std::vector<std::string> argv{};
   // Added to the inherited environment; an entry replaces a variable of the
-  // same name.
+  // same name. Inherited JOBGUARD_*_URL and JOBGUARD_*_PASSWORD variables are
+  // never passed on: they may carry credentials CMD has no business with.
   std::vector<std::pair<std::string, std::string>> env{};
+  // Make CMD's group the foreground process group of the terminal on standard
+  // input, so CMD can read it (and the terminal's own signals reach CMD, not
+  // us); given back to our group when CMD ends. Without it, a CMD that reads
+  // the terminal is stopped by SIGTTIN.
+  bool foreground = false;
 };
 
 struct ExitStatus {
@@ -41,35 +60,42 @@ struct ExitStatus {
   std::string describe() const;
 };
 
+// The environment CMD gets: ours without the variables ProcessOptions::env
+// says are never passed on, then `extra`. "NAME=value" strings.
+std::vector<std::string> child_environment(const std::vector<std::pair<std::string, std::string>>& extra);
+
 class Process {
  public:
   using ExitHandler = std::function<void(ExitStatus)>;
+  // CMD (its group leader) stopped (`stopped`, with the stop signal) or continued.
+  using StopHandler = std::function<void(bool stopped, int signal)>;
 
-  // Spawns at once (posix_spawnp: no fork of a multi-threaded process). The
-  // child gets default dispositions for SIGINT, SIGTERM, SIGQUIT, SIGHUP,
-  // SIGPIPE and SIGCHLD and an empty signal mask, whatever its parent had.
+  // Starts the guardian, then CMD (posix_spawnp) in the guardian's group. CMD
+  // gets default dispositions for every signal jobguard may catch or ignore
+  // (SIGPIPE included) and an empty signal mask, whatever its parent had.
   // Other file descriptors are inherited as with flock(1).
   // Throws std::system_error with the errno of the failed exec (ENOENT: not
-  // found, EACCES: not executable), naming the command; and
-  // jobguard::Error(invalid_argument) for an empty argv.
-  // `on_exit` runs once on `ex` when the child has exited; after terminate(),
-  // only once the rest of its group is gone too (or was SIGKILLed).
-  Process(boost::asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit);
+  // found, EACCES: not executable) or of the failed fork/pipe/tcsetpgrp,
+  // naming the command; and jobguard::Error(invalid_argument) for an empty
+  // argv. `on_exit` runs once on `ex` when CMD has exited and its group has
+  // been killed (nothing CMD left in it survives the report).
+  Process(boost::asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit,
+          StopHandler on_stop = {});
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
 
   pid_t pid() const noexcept;
-  // The process group: equal to pid().
-  pid_t pgid() const noexcept { return pid(); }
+  // The process group (the guardian's pid; CMD and its descendants are in it).
+  pid_t pgid() const noexcept;
   bool running() const noexcept;
-  bool terminating() const noexcept;
+  bool stopped() const noexcept;
 
-  // Sends `sig` to the whole group. No-op once the group is gone.
-  void forward(int sig);
-  // SIGTERM to the group now, SIGKILL to the group after `grace` (at once
-  // when grace is zero). A second call never extends an earlier deadline.
-  void terminate(std::chrono::milliseconds grace);
+  // Sends `sig` to the whole group, then SIGCONT so that a stopped group can
+  // act on it (as service managers do). No-op once CMD was reaped.
+  void signal_group(int sig);
+  // SIGKILL to the group now.
+  void kill();
 
   struct Impl;
 

@@ -231,18 +231,18 @@ TEST_F(JobsCli, MaxJobsStopsAfterNFinishedJobs) {
 TEST_F(JobsCli, StalledJobIsReclaimedAfterItsWorkerIsKilled) {
   const auto out = file("out"), started = file("started");
   add({"id=5"});
-  // Worker A takes the job; its CMD records its process group, then hangs.
+  // Worker A takes the job; its CMD records its pid, then hangs.
   Subprocess a(argv("work", work_args({"--consumer", "A", "--ttl", "1s"},
                                       {"sh", "-c",
                                        "echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; sleep 30; echo \"A$JOBGUARD_FIELD_ID\" >> \"$1\"",
                                        started, out})));
   ASSERT_TRUE(eventually([&] { return exists(started); }, 20s)) << a.err();
-  const pid_t cmd_group = std::stoi(read_file(started));
-  // A dies without a word; CMD lives in its own process group, so it is killed
-  // too, or it would finish the job behind the test's back.
+  const pid_t cmd = std::stoi(read_file(started));
+  // A dies without a word; its CMD's guardian kills CMD's group with it, or CMD
+  // would finish the job behind the test's back.
   a.signal(SIGKILL);
-  ASSERT_EQ(::kill(-cmd_group, SIGKILL), 0);
   a.wait_or_kill(10s);
+  ASSERT_TRUE(eventually([&] { return process_gone(cmd); }, 10s)) << "CMD " << cmd << " outlived its worker";
   EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending_entries")[0].at("consumer"), "A");
 
   // B takes it over once it has been idle for --claim-idle; A's lock expires

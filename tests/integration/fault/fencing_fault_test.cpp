@@ -53,7 +53,8 @@ constexpr auto kTtlMs = 600ms;
 // so the fenced UPDATE and its audit row commit together.
 constexpr const char* kWorkerScript = R"(set -e
 if [ "$5" = 1 ]; then trap '' TERM; fi
-printf '%s %s\n' "$JOBGUARD_FENCE" "$$" > "$2.tmp"
+pgrp=$(cut -d' ' -f5 /proc/$$/stat)
+printf '%s %s\n' "$JOBGUARD_FENCE" "$pgrp" > "$2.tmp"
 mv "$2.tmp" "$2"
 sleep 0.3
 /usr/bin/psql -X -q -v ON_ERROR_STOP=1 -h "$3" -p "$4" -U postgres -d postgres \
@@ -137,7 +138,7 @@ class FencingFault : public RedisTest {
   }
 
   bool has_marker(const Worker& w) const { return std::filesystem::exists(w.marker); }
-  // {fence, CMD pid (= its process group)} from the marker.
+  // {fence, CMD's process group (field 5 of /proc/PID/stat)} from the marker.
   std::pair<std::int64_t, pid_t> marker(const Worker& w) const {
     std::istringstream in(read_file(w.marker));
     std::int64_t fence = 0;

@@ -1,0 +1,186 @@
+#include "jobguard/job/locked_run.hpp"
+
+#include <fmt/format.h>
+
+#include <boost/asio/io_context.hpp>
+
+#include "jobguard/duration.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/lease.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::job {
+
+using namespace std::chrono;
+
+namespace {
+
+double ms_since(steady_clock::time_point t) { return duration<double, std::milli>(steady_clock::now() - t).count(); }
+
+// "web-3/4121/job (ttl 2.1s left)", best effort, for the busy message.
+std::string describe_holder(redis::Client& client, const std::string& key) {
+  try {
+    const auto v = client.exec(redis::Command{"GET", key}, redis::CallOptions{milliseconds(500)});
+    const auto t = client.exec(redis::Command{"PTTL", key}, redis::CallOptions{milliseconds(500)});
+    if (v.is_nil()) return "another owner (released just now)";
+    std::string out = token_owner(v.str);
+    if (t.is_integer() && t.integer > 0) out += fmt::format(" (ttl {} left)", format_duration(milliseconds(t.integer)));
+    return out;
+  } catch (const Error&) {
+    return "another owner";
+  }
+}
+
+class LockedRun {
+ public:
+  LockedRun(redis::Client& client, const KeyBuilder& keys, LockedRunOptions opts, const std::function<void(RunEvent)>& emit)
+      : client_(client), keys_(keys), o_(std::move(opts)), emit_(emit) {}
+
+  LockedRunResult run() {
+    const auto started = steady_clock::now();
+    if (o_.once && find_record(started)) return skipped();
+
+    auto service = LockService::create(client_, keys_);
+    const std::string lock_key = keys_.lock_key(o_.resource);
+    const auto acquire_start = steady_clock::now();
+    std::optional<Lock> lock;
+    try {
+      lock = service->acquire(o_.resource, o_.lock);
+    } catch (const Error& e) {
+      if (next_step_for(e.code()) == next_step::retry_call)
+        throw Error(errc::redis_unavailable,
+                    fmt::format("Redis failed while acquiring {}: {}; CMD not run (fail-closed)", lock_key, e.what()));
+      throw;
+    }
+    if (!lock) {
+      const auto waited = o_.lock.wait;
+      event("busy", "busy", ms_since(acquire_start), true,
+            fmt::format("lock busy: {} is held by {}{}", lock_key, describe_holder(client_, lock_key),
+                        waited.count() > 0 ? fmt::format(" (waited {})", format_duration(waited)) : std::string()));
+      return LockedRunResult{LockedRunResult::Status::busy, {}, false, false};
+    }
+    acquired_at_ = lock->acquired_at();
+    std::vector<std::pair<std::string, observe::FieldValue>> fence;
+    if (o_.lock.fence && lock->fence()) fence.emplace_back("fence", *lock->fence());
+    event("acquired", "ok", ms_since(acquire_start), false, fmt::format("acquired {}", lock_key), fence);
+    o_.cmd.env.emplace_back("JOBGUARD_KEY", lock->key());
+    o_.cmd.env.emplace_back("JOBGUARD_TOKEN", lock->token());
+    if (o_.lock.fence && lock->fence()) o_.cmd.env.emplace_back("JOBGUARD_FENCE", std::to_string(*lock->fence()));
+
+    // The authoritative --once check happens under the lock: two runs that
+    // both passed the check above cannot both get here and find no record.
+    if (o_.once && find_record(started)) {
+      lock->release();
+      return skipped();
+    }
+    // Made after the service, so destroyed before it: the lease is released
+    // while the client still runs.
+    auto scheduler = LeaseScheduler::create(service);
+    Lease lease = scheduler->adopt(std::move(*lock));
+    return supervise(lease, started);
+  }
+
+ private:
+  LockedRunResult supervise(Lease& lease, steady_clock::time_point started) {
+    o_.cmd.lease = &lease;
+    boost::asio::io_context ctx;
+    LockedRunResult r;
+    {
+      Supervisor sup(ctx.get_executor(), std::move(o_.cmd), [&](const CmdOutcome& o) { r.outcome = o; },
+                     [&](const SupervisorEvent& ev) { report(ev); });
+      ctx.run();
+    }
+    const std::string key = lease.key();  // release() empties the handle
+    if (r.outcome.ending == Ending::failed_to_start) {
+      const bool ours = lease.release();
+      event("released", ours ? "ok" : "not_ours", ms_since(acquired_at_), false, fmt::format("released {}", key));
+      event("error", "error", ms_since(started), true, r.outcome.detail);
+      return r;
+    }
+    // A lease that ran out while CMD ran means someone else may have held the
+    // lock at the same time, whether or not we heard it before CMD ended.
+    r.lost = r.outcome.ending == Ending::lease_lost || lease.lost() || lease.safe_time_left().count() <= 0;
+    if (r.lost && r.outcome.ending != Ending::lease_lost)
+      event("lost", "lost", ms_since(acquired_at_), true,
+            lease.reason().empty() ? fmt::format("lease on {} lost while CMD ran", key) : lease.reason());
+    // Recorded before the release, so the next holder of the lock sees it.
+    if (o_.once && r.outcome.ending == Ending::exited && r.outcome.status.shell_status() == 0) {
+      try {
+        o_.once->record("run", o_.resource, o_.run_id, token_owner(lease.token()));
+      } catch (const Error& e) {
+        r.record_failed = true;
+        event("error", "error", ms_since(started), true,
+              fmt::format("CMD succeeded but its completion record for run {} could not be written: {}; a rerun "
+                          "will repeat it", o_.run_id, e.what()));
+      }
+    }
+    const auto held_ms = ms_since(acquired_at_);
+    const bool ours = lease.release();
+    // Not ours although renewals were fine until CMD ended: exclusion held
+    // while it ran; the key vanished since (force-released) or Redis was unreachable.
+    event("released", ours ? "ok" : r.lost ? "lost" : "not_ours", held_ms, !ours && !r.lost,
+          ours || r.lost ? fmt::format("released {} ({})", key, r.outcome.status.describe())
+                         : fmt::format("could not release {}: it was no longer ours or Redis was unreachable (it "
+                                       "expires by its TTL)", key),
+          {{"ending", std::string(to_string(r.outcome.ending))},
+           {"cmd_status", static_cast<std::int64_t>(r.outcome.status.shell_status())}});
+    return r;
+  }
+
+  void report(const SupervisorEvent& ev) {
+    using K = SupervisorEvent::Kind;
+    const double t = ms_since(acquired_at_);
+    switch (ev.kind) {
+      case K::renewed: return event("renewed", "ok", t, false, ev.message);
+      case K::suspended: return event("stopped", "stopped", t, true, ev.message, {{"signal", std::int64_t{ev.signal}}});
+      case K::resumed: return event("continued", "ok", t, false, ev.message);
+      case K::stopping: break;
+    }
+    switch (ev.cause) {
+      case Ending::lease_lost: return event("lost", "lost", t, true, ev.message);
+      case Ending::timed_out: return event("timeout", "timeout", t, true, ev.message);
+      case Ending::stopped: return event("stopped", "killed", t, true, ev.message);
+      default: return event("signal", "forwarded", t, false, ev.message, {{"signal", std::int64_t{ev.signal}}});
+    }
+  }
+
+  bool find_record(steady_clock::time_point started) {
+    std::optional<guard::CompletionRecord> rec;
+    try {
+      rec = o_.once->find("run", o_.resource, o_.run_id);
+    } catch (const Error& e) {
+      if (next_step_for(e.code()) == next_step::retry_call)
+        throw Error(e.code(), fmt::format("cannot read the completion record of run {}: {}; CMD not run (fail-closed)",
+                                          o_.run_id, e.what()));
+      throw;
+    }
+    if (!rec) return false;
+    event("skipped", "done", ms_since(started), true,
+          fmt::format("run {} of {} already done{}; CMD skipped", o_.run_id, o_.resource,
+                      rec->completed_by.empty() ? std::string() : fmt::format(" (by {})", rec->completed_by)),
+          {{"run_id", o_.run_id}});
+    return true;
+  }
+
+  static LockedRunResult skipped() { return LockedRunResult{LockedRunResult::Status::skipped, {}, false, false}; }
+
+  void event(std::string_view name, std::string_view outcome, std::optional<double> elapsed, bool problem,
+             std::string message, std::vector<std::pair<std::string, observe::FieldValue>> extra = {}) {
+    if (emit_) emit_(RunEvent{name, outcome, elapsed, problem, std::move(message), std::move(extra)});
+  }
+
+  redis::Client& client_;
+  const KeyBuilder& keys_;
+  LockedRunOptions o_;
+  const std::function<void(RunEvent)>& emit_;
+  steady_clock::time_point acquired_at_{};
+};
+
+}  // namespace
+
+LockedRunResult run_locked(redis::Client& client, const KeyBuilder& keys, LockedRunOptions opts,
+                           const std::function<void(RunEvent)>& on_event) {
+  return LockedRun(client, keys, std::move(opts), on_event).run();
+}
+
+}  // namespace jobguard::job
