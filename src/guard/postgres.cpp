@@ -9,6 +9,7 @@
 #include "guard/pg_errors.hpp"
 #include "guard/pg_internal.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::guard {
 namespace detail {
@@ -60,6 +61,22 @@ void rethrow_pg(std::string_view doing, std::chrono::milliseconds statement_time
   }
 }
 
+namespace {
+std::string hide_quoted(std::string_view s) {
+  std::string out;
+  bool in = false;
+  for (char c : s) {
+    if (c == '"') {
+      out += in ? "***\"" : "\"";
+      in = !in;
+    } else if (!in) {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+}  // namespace
+
 std::string build_conninfo(const PgOptions& o) {
   if (o.url.empty())
     throw Error(errc::invalid_url, "no PostgreSQL URL given (--postgres or $JOBGUARD_POSTGRES_URL)");
@@ -72,7 +89,12 @@ std::string build_conninfo(const PgOptions& o) {
   if (opts == nullptr) {
     std::string why = err ? one_line(err) : "out of memory";
     if (err) PQfreemem(err);
-    throw Error(errc::invalid_url, fmt::format("PostgreSQL URL \"{}\": {}", o.url, why));
+    // libpq quotes pieces of what it could not parse; with a password in
+    // the text such a piece may be part of it ("user:pa/ss@h" reads as port
+    // "pa"), so then its quoted values are hidden too.
+    const std::string shown = redact_url(o.url);
+    if (shown != escape_text(o.url, 0)) why = hide_quoted(why);
+    throw Error(errc::invalid_url, fmt::format("PostgreSQL URL \"{}\": {}", shown, escape_text(why)));
   }
   auto quote = [](std::string_view v) {
     std::string q = "'";
@@ -114,7 +136,8 @@ std::string describe_target(const PgOptions& o) {
     else if (kw == "dbname") db = p->val;
   }
   PQconninfoFree(opts);
-  return fmt::format("PostgreSQL {}:{}{}{}", host, port, db.empty() ? "" : "/", db);
+  return fmt::format("PostgreSQL {}:{}{}{}", escape_text(host, 128), escape_text(port, 16), db.empty() ? "" : "/",
+                     escape_text(db, 128));
 }
 
 PgResult to_result(const pqxx::result& r) {
