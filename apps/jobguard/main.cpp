@@ -142,13 +142,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line, naming what is wrong; usage status as sysexits(3) EX_USAGE.
-    std::cerr << "jobguard: " << e.what() << "\n";
+    // Every error line passes escape_controls: a control byte in an argument
+    // or a server's text must not forge lines or drive the terminal.
+    std::cerr << "jobguard: " << jobguard::escape_controls(e.what()) << "\n";
     return exit_code::usage;
   }
   try {
     apply_redis_password(g, redis_password_file);
   } catch (const jobguard::Error& e) {
-    std::cerr << "jobguard: " << e.what() << "\n";
+    std::cerr << "jobguard: " << jobguard::escape_controls(e.what()) << "\n";
     return exit_code::usage;
   }
   for (auto& [sub, action] : actions) {
@@ -156,13 +158,13 @@ int main(int argc, char** argv) {
       try {
         return action();
       } catch (const jobguard::Error& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_status_for(e);
       } catch (const CLI::ParseError& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::usage;
       } catch (const std::exception& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::unavailable;
       }
     }

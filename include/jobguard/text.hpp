@@ -21,6 +21,13 @@ namespace jobguard {
 // (0 = no limit), so a megabyte key cannot make a megabyte message.
 std::string escape_text(std::string_view text, std::size_t max_bytes = 256);
 
+// The last line of defence for a whole message built from parts that were
+// (or should have been) escaped already: control bytes and invalid UTF-8
+// become \xNN as in escape_text, but backslashes are left alone so escapes
+// already in the text are not doubled. The CLI passes every error line
+// through it.
+std::string escape_controls(std::string_view text);
+
 // Hides the password of a connection string in any form, parsable or not,
 // then escapes it as escape_text does:
 //  - URLs "scheme://user:secret@host..." -> "scheme://user:***@host...";

@@ -79,7 +79,7 @@ void mask_password_params(std::string& s) {
 
 }  // namespace
 
-std::string escape_text(std::string_view text, std::size_t max_bytes) {
+static std::string escape_impl(std::string_view text, std::size_t max_bytes, bool backslash) {
   const bool cut = max_bytes != 0 && text.size() > max_bytes;
   if (cut) text = text.substr(0, max_bytes);
   std::string out;
@@ -87,7 +87,7 @@ std::string escape_text(std::string_view text, std::size_t max_bytes) {
   for (std::size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c >= 0x20 && c < 0x7F) {
-      if (c == '\\') out += "\\\\";
+      if (c == '\\' && backslash) out += "\\\\";
       else out.push_back(static_cast<char>(c));
       ++i;
     } else if (c == '\n') {
@@ -107,6 +107,10 @@ std::string escape_text(std::string_view text, std::size_t max_bytes) {
   if (cut) out += "...";
   return out;
 }
+
+std::string escape_text(std::string_view text, std::size_t max_bytes) { return escape_impl(text, max_bytes, true); }
+
+std::string escape_controls(std::string_view text) { return escape_impl(text, 0, false); }
 
 std::string redact_url(std::string_view url) {
   std::string s(url);

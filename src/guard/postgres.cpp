@@ -77,6 +77,15 @@ std::string hide_quoted(std::string_view s) {
 }
 }  // namespace
 
+std::string libpq_text(const PgOptions& o, std::string_view why) {
+  // libpq quotes pieces of what it could not parse or use; with a password
+  // in the URL such a piece may be part of it ("user:pa/ss@h" reads as port
+  // "pa"), so then its quoted values are hidden.
+  std::string text = one_line(why);
+  if (redact_url(o.url) != escape_text(o.url, 0)) text = hide_quoted(text);
+  return escape_text(text, 512);
+}
+
 std::string build_conninfo(const PgOptions& o) {
   if (o.url.empty())
     throw Error(errc::invalid_url, "no PostgreSQL URL given (--postgres or $JOBGUARD_POSTGRES_URL)");
@@ -92,9 +101,7 @@ std::string build_conninfo(const PgOptions& o) {
     // libpq quotes pieces of what it could not parse; with a password in
     // the text such a piece may be part of it ("user:pa/ss@h" reads as port
     // "pa"), so then its quoted values are hidden too.
-    const std::string shown = redact_url(o.url);
-    if (shown != escape_text(o.url, 0)) why = hide_quoted(why);
-    throw Error(errc::invalid_url, fmt::format("PostgreSQL URL \"{}\": {}", shown, escape_text(why)));
+    throw Error(errc::invalid_url, fmt::format("PostgreSQL URL \"{}\": {}", redact_url(o.url), libpq_text(o, why)));
   }
   auto quote = [](std::string_view v) {
     std::string q = "'";
@@ -122,7 +129,11 @@ std::string build_conninfo(const PgOptions& o) {
 }
 
 std::string describe_target(const PgOptions& o) {
-  // host:port/db for messages, never the password.
+  // A URI is shown redacted rather than parsed: libpq reads
+  // "postgresql://app:pw/x@db/jobs" as host "app", port "pw", database
+  // "x@db/jobs", and those pieces would carry the password.
+  if (o.url.find("://") != std::string::npos) return "PostgreSQL " + redact_url(o.url);
+  // key=value conninfo: host:port/db for messages, never the password.
   char* err = nullptr;
   PQconninfoOption* opts = PQconninfoParse(o.url.c_str(), &err);
   if (err) PQfreemem(err);
@@ -233,7 +244,7 @@ struct PgConnection::Impl {
     } catch (const pqxx::broken_connection& e) {
       throw Error(errc::postgres_unavailable,
                   fmt::format("cannot connect to {} (connect_timeout {} s): {}", target,
-                              opts.connect_timeout.count(), detail::one_line(e.what())));
+                              opts.connect_timeout.count(), detail::libpq_text(opts, e.what())));
     } catch (...) {
       rethrow_pg(fmt::format("connecting to {}", target), opts.statement_timeout);
     }

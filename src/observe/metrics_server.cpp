@@ -35,7 +35,7 @@ using error_code = boost::system::error_code;
 namespace {
 
 [[noreturn]] void bad_listen(std::string_view text, std::string_view why) {
-  throw Error(errc::invalid_argument, fmt::format("listen address \"{}\": {}", text, why));
+  throw Error(errc::invalid_argument, fmt::format("listen address \"{}\": {}", escape_text(text, 128), why));
 }
 
 bool valid_host_name(std::string_view h) {
@@ -61,7 +61,7 @@ ListenAddress parse_listen_address(std::string_view text) {
     if (close == std::string_view::npos) bad_listen(text, "missing ']' after the IPv6 address");
     out.host = std::string(text.substr(1, close - 1));
     if (out.host.empty()) bad_listen(text, "IPv6 address between [] is empty");
-    if (!valid_ipv6_text(out.host)) bad_listen(text, fmt::format("\"{}\" is not an IPv6 address", out.host));
+    if (!valid_ipv6_text(out.host)) bad_listen(text, fmt::format("\"{}\" is not an IPv6 address", escape_text(out.host, 64)));
     const auto rest = text.substr(close + 1);
     if (rest.empty() || rest.front() != ':') bad_listen(text, "expected :PORT after ']'");
     port_text = rest.substr(1);
@@ -72,14 +72,14 @@ ListenAddress parse_listen_address(std::string_view text) {
     if (out.host.empty()) bad_listen(text, "host is empty; use 0.0.0.0 to listen on every interface");
     if (out.host.find(':') != std::string::npos)
       bad_listen(text, "an IPv6 address needs brackets, e.g. [::1]:9464");
-    if (!valid_host_name(out.host)) bad_listen(text, fmt::format("\"{}\" is not a host name or address", out.host));
+    if (!valid_host_name(out.host)) bad_listen(text, fmt::format("\"{}\" is not a host name or address", escape_text(out.host, 64)));
     port_text = text.substr(colon + 1);
   }
   if (port_text.empty()) bad_listen(text, "port is empty; expected 0..65535");
   if (port_text.size() > 5) bad_listen(text, "port must be 0..65535");
   unsigned value = 0;
   for (char c : port_text) {
-    if (c < '0' || c > '9') bad_listen(text, fmt::format("port \"{}\" is not a number", port_text));
+    if (c < '0' || c > '9') bad_listen(text, fmt::format("port \"{}\" is not a number", escape_text(port_text, 16)));
     value = value * 10 + static_cast<unsigned>(c - '0');
   }
   if (value > 65535) bad_listen(text, "port must be 0..65535");

@@ -67,3 +67,8 @@ TEST(RedactUrl, TheResultIsEscaped) {
   EXPECT_EQ(redact_url("redis://h\n:1"), "redis://h\\n:1");
   EXPECT_EQ(redact_url("redis://a:b\x1b@h"), "redis://a:***@h");
 }
+
+TEST(EscapeControls, EscapesControlBytesButNotBackslashes) {
+  EXPECT_EQ(jobguard::escape_controls("a\\x1b b\nc\x1b"), "a\\x1b b\\nc\\x1b");
+  EXPECT_EQ(jobguard::escape_controls(std::string(300, 'k')).size(), 300u);
+}
