@@ -60,12 +60,12 @@ TEST(SecretsCliNoServer, PasswordWithSlashAndQuestionMarkIsNeverPrinted) {
 }
 
 TEST(SecretsCliNoServer, HelpShowsTheEnvironmentUrlRedacted) {
-  const auto r = run_jobguard({"--help"}, 30s, {{"JOBGUARD_REDIS_URL", "redis://ops:hunter2-x/y@cache.internal:6380/1"},
+  const auto r = run_jobguard({"--help"}, 30s, {{"JOBGUARD_REDIS_URL", "redis://ops:hq7/zv3-kw@cache.internal:6380/1"},
                                                 {"JOBGUARD_POSTGRES_URL", "postgresql://app:pg-s3cret@db/jobs"}});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("redis://ops:***@cache.internal:6380/1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("postgresql://app:***@db/jobs"), std::string::npos) << r.out;
-  expect_never_printed(r, "hunter2-x/y");
+  expect_never_printed(r, "hq7/zv3-kw");
   expect_never_printed(r, "pg-s3cret");
 }
 
@@ -73,7 +73,9 @@ TEST(SecretsCliNoServer, MalformedPostgresUrlIsNotEchoedWithItsPassword) {
   for (const std::string url : {"postgresql://app:pg/s3cret@db:5432x/jobs", "postgresql://app:pg-s3cret@db:notaport/jobs",
                                 "host=db password=pg-s3cret port=abc bogus"}) {
     const auto r = run_jobguard({"--postgres", url, "pg", "migrate"}, 30s);
-    EXPECT_EQ(r.status, 64) << url << "\n" << all_output(r);
+    // 64 when libpq refuses the text, 69 when it parses and the connect
+    // fails on it (a non-numeric port is noticed only then).
+    EXPECT_TRUE(r.status == 64 || r.status == 69) << url << "\n" << all_output(r);
     EXPECT_FALSE(r.err.empty());
     expect_never_printed(r, url.find("pg/s3cret") != std::string::npos ? "pg/s3cret" : "pg-s3cret");
   }
