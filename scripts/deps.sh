@@ -6,7 +6,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libhiredis-dev libboost1.81-dev libssl-dev libpq-dev libpqxx-dev
       libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
-      redis-server redis-tools postgresql-15 openssl)
+      redis-server redis-tools postgresql-15 openssl
+      clang libclang-rt-14-dev)  # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

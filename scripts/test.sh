@@ -6,8 +6,10 @@
 #     CLI tests against the real binary, the installed-package consumer),
 #  3. rebuilds under AddressSanitizer + UndefinedBehaviorSanitizer and runs
 #     the suite again,
-#  4. rebuilds under ThreadSanitizer and runs the concurrency tests (label tsan).
-# Set JOBGUARD_TEST_QUICK=1 to skip 3 and 4.
+#  4. rebuilds under ThreadSanitizer and runs the concurrency tests (label tsan),
+#  5. builds the libFuzzer harnesses with clang (fuzz/, only the sources they
+#     exercise) and runs each for 30 s, two at a time (scripts/fuzz.sh).
+# Set JOBGUARD_TEST_QUICK=1 to skip 3, 4 and 5.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -37,6 +39,8 @@ if [ "${JOBGUARD_TEST_QUICK:-0}" != 1 ]; then
   ninja -C "$root/build-tsan" jobguard_tsan_tests
   echo "== test (TSan, concurrency tests) ($(date +%T))"
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_suite "$root/build-tsan" -L tsan || status=1
+  echo "== fuzz (30 s per harness, two at a time) ($(date +%T))"
+  bash scripts/fuzz.sh 30 || status=1
 fi
 echo "== done ($(date +%T))"
 exit $status

@@ -1,12 +1,18 @@
 // jobguard: a thin dispatcher over the library. Subcommands live in cmd_*.cpp.
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/redis/options.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -34,7 +40,9 @@ CLI::Validator duration_validator() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
         try {
-          jobguard::parse_duration(s);
+          // Every option checked here is kept in milliseconds: refuse what
+          // would round away ("500us" meant "none").
+          jobguard::parse_duration_ms(s);
           return {};
         } catch (const jobguard::Error& e) {
           return e.what();
@@ -63,6 +71,45 @@ int exit_status_for(const jobguard::Error& e) {
   }
 }
 
+namespace {
+
+// A password kept out of argv (visible in ps) and out of the URL: from a file
+// or $JOBGUARD_REDIS_PASSWORD, put into the URL every subcommand parses.
+void apply_redis_password(Globals& g, const std::string& file) {
+  std::string password;
+  std::string source;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in)
+      throw Error(errc::invalid_argument, fmt::format("--redis-password-file \"{}\": cannot open: {}",
+                                                      escape_text(file), std::strerror(errno)));
+    std::ostringstream buf;
+    buf << in.rdbuf();
+    password = buf.str();
+    if (password.size() >= 1 && password.back() == '\n') password.pop_back();
+    if (password.size() >= 1 && password.back() == '\r') password.pop_back();
+    if (password.empty())
+      throw Error(errc::invalid_argument, fmt::format("--redis-password-file \"{}\" is empty", escape_text(file)));
+    if (password.find('\n') != std::string::npos)
+      throw Error(errc::invalid_argument,
+                  fmt::format("--redis-password-file \"{}\": more than one line (a password is one line)",
+                              escape_text(file)));
+    source = "--redis-password-file";
+  } else if (const char* env = std::getenv("JOBGUARD_REDIS_PASSWORD"); env && *env) {
+    password = env;
+    source = "$JOBGUARD_REDIS_PASSWORD";
+  } else {
+    return;
+  }
+  try {
+    g.redis_url = redis::with_password(g.redis_url, password);
+  } catch (const Error& e) {
+    throw Error(errc::invalid_argument, fmt::format("{}: {}", source, e.what()));
+  }
+}
+
+}  // namespace
+
 }  // namespace jobguard::cli
 
 int main(int argc, char** argv) {
@@ -77,9 +124,18 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("JOBGUARD_REDIS_URL"); env && *env) g.redis_url = env;
   else g.redis_url = "redis://127.0.0.1:6379/0";
   if (const char* env = std::getenv("JOBGUARD_POSTGRES_URL"); env && *env) g.postgres_url = env;
+  // The default shown by --help is redacted: $JOBGUARD_REDIS_URL often
+  // carries a password, and help text ends up in terminals and bug reports.
   app.add_option("--redis", g.redis_url, "Redis URL (redis:// or rediss://); default $JOBGUARD_REDIS_URL")
-      ->capture_default_str();
-  app.add_option("--postgres", g.postgres_url, "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL");
+      ->default_str(jobguard::redact_url(g.redis_url));
+  std::string redis_password_file;
+  app.add_option("--redis-password-file", redis_password_file,
+                 "Read the Redis password from FILE (one trailing newline dropped) instead of the URL; "
+                 "or set $JOBGUARD_REDIS_PASSWORD");
+  app.add_option("--postgres", g.postgres_url,
+                 "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL (keep its password in $PGPASSWORD or ~/.pgpass, "
+                 "which libpq reads)")
+      ->default_str(jobguard::redact_url(g.postgres_url));
   app.add_flag("--json", g.json, "Machine-readable JSON output");
   app.add_option("--log-format", g.log_format, "Log lines on stderr: human or json")
       ->check(CLI::IsMember({"human", "json"}));
@@ -103,7 +159,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line, naming what is wrong; usage status as sysexits(3) EX_USAGE.
-    std::cerr << "jobguard: " << e.what() << "\n";
+    // Every error line passes escape_controls: a control byte in an argument
+    // or a server's text must not forge lines or drive the terminal.
+    std::cerr << "jobguard: " << jobguard::escape_controls(e.what()) << "\n";
+    return exit_code::usage;
+  }
+  try {
+    apply_redis_password(g, redis_password_file);
+  } catch (const jobguard::Error& e) {
+    std::cerr << "jobguard: " << jobguard::escape_controls(e.what()) << "\n";
     return exit_code::usage;
   }
   for (auto& [sub, action] : actions) {
@@ -111,13 +175,13 @@ int main(int argc, char** argv) {
       try {
         return action();
       } catch (const jobguard::Error& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_status_for(e);
       } catch (const CLI::ParseError& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::usage;
       } catch (const std::exception& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << e.what() << "\n";
+        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::unavailable;
       }
     }

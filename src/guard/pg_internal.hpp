@@ -15,6 +15,9 @@ class result;
 namespace jobguard::guard::detail {
 
 std::string build_conninfo(const PgOptions& o);
+// A libpq message made safe to show: one line, escaped, and with its quoted
+// values hidden when the URL carries a password (they may be pieces of it).
+std::string libpq_text(const PgOptions& o, std::string_view why);
 std::string describe_target(const PgOptions& o);  // "PostgreSQL host:port/db", no password
 std::string one_line(std::string_view s);
 PgResult to_result(const pqxx::result& r);

@@ -9,6 +9,7 @@
 #include "guard/pg_errors.hpp"
 #include "guard/pg_internal.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::guard {
 namespace detail {
@@ -66,6 +67,31 @@ void rethrow_pg(std::string_view doing, std::chrono::milliseconds statement_time
   }
 }
 
+namespace {
+std::string hide_quoted(std::string_view s) {
+  std::string out;
+  bool in = false;
+  for (char c : s) {
+    if (c == '"') {
+      out += in ? "***\"" : "\"";
+      in = !in;
+    } else if (!in) {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::string libpq_text(const PgOptions& o, std::string_view why) {
+  // libpq quotes pieces of what it could not parse or use; with a password
+  // in the URL such a piece may be part of it ("user:pa/ss@h" reads as port
+  // "pa"), so then its quoted values are hidden.
+  std::string text = one_line(why);
+  if (redact_url(o.url) != escape_text(o.url, 0)) text = hide_quoted(text);
+  return escape_text(text, 512);
+}
+
 std::string build_conninfo(const PgOptions& o) {
   if (o.url.empty())
     throw Error(errc::invalid_url, "no PostgreSQL URL given (--postgres or $JOBGUARD_POSTGRES_URL)");
@@ -78,7 +104,10 @@ std::string build_conninfo(const PgOptions& o) {
   if (opts == nullptr) {
     std::string why = err ? one_line(err) : "out of memory";
     if (err) PQfreemem(err);
-    throw Error(errc::invalid_url, fmt::format("PostgreSQL URL \"{}\": {}", o.url, why));
+    // libpq quotes pieces of what it could not parse; with a password in
+    // the text such a piece may be part of it ("user:pa/ss@h" reads as port
+    // "pa"), so then its quoted values are hidden too.
+    throw Error(errc::invalid_url, fmt::format("PostgreSQL URL \"{}\": {}", redact_url(o.url), libpq_text(o, why)));
   }
   auto quote = [](std::string_view v) {
     std::string q = "'";
@@ -106,7 +135,11 @@ std::string build_conninfo(const PgOptions& o) {
 }
 
 std::string describe_target(const PgOptions& o) {
-  // host:port/db for messages, never the password.
+  // A URI is shown redacted rather than parsed: libpq reads
+  // "postgresql://app:pw/x@db/jobs" as host "app", port "pw", database
+  // "x@db/jobs", and those pieces would carry the password.
+  if (o.url.find("://") != std::string::npos) return "PostgreSQL " + redact_url(o.url);
+  // key=value conninfo: host:port/db for messages, never the password.
   char* err = nullptr;
   PQconninfoOption* opts = PQconninfoParse(o.url.c_str(), &err);
   if (err) PQfreemem(err);
@@ -120,7 +153,8 @@ std::string describe_target(const PgOptions& o) {
     else if (kw == "dbname") db = p->val;
   }
   PQconninfoFree(opts);
-  return fmt::format("PostgreSQL {}:{}{}{}", host, port, db.empty() ? "" : "/", db);
+  return fmt::format("PostgreSQL {}:{}{}{}", escape_text(host, 128), escape_text(port, 16), db.empty() ? "" : "/",
+                     escape_text(db, 128));
 }
 
 PgResult to_result(const pqxx::result& r) {
@@ -216,7 +250,7 @@ struct PgConnection::Impl {
     } catch (const pqxx::broken_connection& e) {
       throw Error(errc::postgres_unavailable,
                   fmt::format("cannot connect to {} (connect_timeout {} s): {}", target,
-                              opts.connect_timeout.count(), detail::one_line(e.what())),
+                              opts.connect_timeout.count(), detail::libpq_text(opts, e.what())),
                   error_source::postgres);
     } catch (...) {
       rethrow_pg(fmt::format("connecting to {}", target), opts.statement_timeout);

@@ -2,6 +2,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard {
 namespace {
@@ -21,13 +22,13 @@ std::optional<std::string> bad_char(std::string_view s) {
 
 KeyBuilder::KeyBuilder(std::string prefix) : prefix_(std::move(prefix)) {
   if (prefix_.empty()) throw Error(errc::invalid_argument, "empty key prefix");
-  if (auto b = bad_char(prefix_)) throw Error(errc::invalid_argument, fmt::format("key prefix \"{}\": invalid {}", prefix_, *b));
+  if (auto b = bad_char(prefix_)) throw Error(errc::invalid_argument, fmt::format("key prefix \"{}\": invalid {}", escape_text(prefix_, 64), *b));
 }
 
 void KeyBuilder::validate_resource(std::string_view r) {
   if (r.empty()) throw Error(errc::invalid_argument, "empty lock key");
   if (r.size() > 512) throw Error(errc::invalid_argument, fmt::format("lock key is {} bytes (max 512)", r.size()));
-  if (auto b = bad_char(r)) throw Error(errc::invalid_argument, fmt::format("lock key \"{}\": invalid {}", r, *b));
+  if (auto b = bad_char(r)) throw Error(errc::invalid_argument, fmt::format("lock key \"{}\": invalid {}", escape_text(r, 64), *b));
 }
 
 std::string KeyBuilder::key(std::string_view kind, std::string_view resource) const {

@@ -12,13 +12,14 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard {
 
 std::string make_token(std::string_view job_id) {
   for (char c : job_id)
     if (c == '#' || static_cast<unsigned char>(c) <= 0x20)
-      throw Error(errc::invalid_argument, fmt::format("job id \"{}\" may not contain '#' or whitespace", job_id));
+      throw Error(errc::invalid_argument, fmt::format("job id \"{}\" may not contain '#' or whitespace", escape_text(job_id, 64)));
   // 128 bits from the kernel CSPRNG: a token nobody else can guess or collide
   // with, so compare-and-delete really proves ownership.
   // OS randomness fetched 4 KiB at a time per thread (one syscall per 256

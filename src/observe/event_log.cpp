@@ -11,13 +11,14 @@
 #include <nlohmann/json.hpp>
 
 #include "jobguard/error.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::observe {
 
 LogFormat parse_log_format(std::string_view s) {
   if (s == "human") return LogFormat::human;
   if (s == "json") return LogFormat::json;
-  throw Error(errc::invalid_argument, fmt::format("log format \"{}\": expected human or json", s));
+  throw Error(errc::invalid_argument, fmt::format("log format \"{}\": expected human or json", escape_text(s, 64)));
 }
 
 std::string format_timestamp(std::chrono::system_clock::time_point at) {

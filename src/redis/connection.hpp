@@ -37,6 +37,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/text.hpp"
 #include "redis/multiplexer.hpp"
 
 namespace jobguard::redis::detail {
@@ -281,7 +282,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
           ec = detail::classify_error_reply(reply);
           // AUTH against a server without a password is a configuration error too.
           if (name == "AUTH") ec = make_error_code(errc::auth_failed);
-          const std::string who = self->opts_.user.empty() ? "" : fmt::format(" as user \"{}\"", self->opts_.user);
+          const std::string who = self->opts_.user.empty() ? "" : fmt::format(" as user \"{}\"", escape_text(self->opts_.user, 64));
           const std::string msg =
               name == "AUTH" ? fmt::format("AUTH{} to {} rejected: {}", who, self->where_, reply.str)
                              : fmt::format("{} on {} failed: {}", name, self->where_, reply.str);

@@ -1,29 +1,19 @@
 #include <fmt/format.h>
 
+#include <cctype>
 #include <charconv>
 
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/redis/options.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::redis {
 namespace {
 
 [[noreturn]] void bad(std::string_view url, std::string_view what) {
-  // Never echo a password back: mask the userinfo part of the URL.
-  std::string shown(url);
-  if (auto at = shown.rfind('@'); at != std::string::npos) {
-    auto scheme_end = shown.find("://");
-    std::size_t start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
-    if (at > start) {
-      // "user:password@" keeps the user; the password-only form "secret@"
-      // is all password.
-      auto colon = shown.find(':', start);
-      if (colon != std::string::npos && colon < at) shown.replace(colon + 1, at - colon - 1, "***");
-      else shown.replace(start, at - start, "***");
-    }
-  }
-  throw Error(errc::invalid_url, fmt::format("{} in \"{}\"", what, shown));
+  // Never echo a password back, and never a control byte.
+  throw Error(errc::invalid_url, fmt::format("{} in \"{}\"", what, redact_url(url)));
 }
 
 std::string percent_decode(std::string_view s, std::string_view url, std::string_view part) {
@@ -32,9 +22,9 @@ std::string percent_decode(std::string_view s, std::string_view url, std::string
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '%') {
       unsigned v = 0;
-      if (i + 2 >= s.size()) bad(url, fmt::format("truncated %-escape in {}", part));
+      if (i + 2 >= s.size()) bad(url, fmt::format("truncated %-escape in {}", escape_text(part, 64)));
       auto r = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
-      if (r.ec != std::errc{} || r.ptr != s.data() + i + 3) bad(url, fmt::format("bad %-escape in {}", part));
+      if (r.ec != std::errc{} || r.ptr != s.data() + i + 3) bad(url, fmt::format("bad %-escape in {}", escape_text(part, 64)));
       out.push_back(static_cast<char>(v));
       i += 2;
     } else {
@@ -49,16 +39,16 @@ T parse_int(std::string_view s, std::string_view url, std::string_view part, lon
   long long v = 0;
   auto r = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || r.ec == std::errc::invalid_argument || r.ptr != s.data() + s.size())
-    bad(url, fmt::format("{} \"{}\" is not a number", part, s));
+    bad(url, fmt::format("{} is not a number ({}..{})", part, lo, hi));
   if (r.ec == std::errc::result_out_of_range || v < lo || v > hi)
-    bad(url, fmt::format("{} \"{}\" out of range ({}..{})", part, s, lo, hi));
+    bad(url, fmt::format("{} {} out of range ({}..{})", part, s, lo, hi));
   return static_cast<T>(v);
 }
 
 bool parse_bool(std::string_view v, std::string_view url, std::string_view key) {
   if (v == "1" || v == "yes" || v == "true" || v == "on") return true;
   if (v == "0" || v == "no" || v == "false" || v == "off") return false;
-  bad(url, fmt::format("option {}=\"{}\" is not yes/no", key, v));
+  bad(url, fmt::format("option {}=\"{}\" is not yes/no", escape_text(key, 64), escape_text(v, 64)));
 }
 
 }  // namespace
@@ -67,12 +57,31 @@ ConnectionOptions parse_url(std::string_view url) {
   ConnectionOptions o;
   std::string_view rest = url;
   const auto scheme_end = rest.find("://");
-  if (scheme_end == std::string_view::npos) bad(url, "missing scheme (expected redis:// or rediss://)");
+  // Not echoed: text with no "://" may be anything, a bare password included.
+  if (scheme_end == std::string_view::npos)
+    throw Error(errc::invalid_url, "missing scheme in the Redis URL (expected redis:// or rediss://)");
   const std::string_view scheme = rest.substr(0, scheme_end);
   if (scheme == "rediss") o.tls.enabled = true;
-  else if (scheme != "redis") bad(url, fmt::format("unsupported scheme \"{}\" (expected redis or rediss)", scheme));
+  else if (scheme != "redis") bad(url, fmt::format("unsupported scheme \"{}\" (expected redis or rediss)", escape_text(scheme, 32)));
   rest.remove_prefix(scheme_end + 3);
 
+  // userinfo first, and up to the last '@': a password may hold a raw '/',
+  // '?', ':' or '@' (people paste generated ones without percent-encoding),
+  // which must not be taken for the path, query or port. The cost: an '@' in
+  // a query value must be written %40.
+  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
+    std::string_view userinfo = rest.substr(0, at);
+    rest = rest.substr(at + 1);
+    if (userinfo.empty()) bad(url, "nothing before '@' (expected [user:]password@host)");
+    if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
+      o.user = percent_decode(userinfo.substr(0, colon), url, "user");
+      o.password = percent_decode(userinfo.substr(colon + 1), url, "password");
+      if (o.password.empty()) bad(url, "empty password after ':'");
+    } else {
+      // redis://secret@host is the classic password-only form.
+      o.password = percent_decode(userinfo, url, "password");
+    }
+  }
   std::string_view query;
   if (auto q = rest.find('?'); q != std::string_view::npos) {
     query = rest.substr(q + 1);
@@ -83,20 +92,6 @@ ConnectionOptions parse_url(std::string_view url) {
     path = rest.substr(slash + 1);
     rest = rest.substr(0, slash);
   }
-  // userinfo: the last '@' separates it, since a password may contain '@' only
-  // percent-encoded but people paste raw ones anyway.
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    std::string_view userinfo = rest.substr(0, at);
-    rest = rest.substr(at + 1);
-    if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
-      o.user = percent_decode(userinfo.substr(0, colon), url, "user");
-      o.password = percent_decode(userinfo.substr(colon + 1), url, "password");
-      if (o.password.empty()) bad(url, "empty password after ':'");
-    } else {
-      // redis://secret@host is the classic password-only form.
-      o.password = percent_decode(userinfo, url, "password");
-    }
-  }
   std::string_view host = rest, port;
   if (!rest.empty() && rest.front() == '[') {
     auto close = rest.find(']');
@@ -104,7 +99,7 @@ ConnectionOptions parse_url(std::string_view url) {
     host = rest.substr(1, close - 1);
     std::string_view after = rest.substr(close + 1);
     if (!after.empty()) {
-      if (after.front() != ':') bad(url, fmt::format("unexpected \"{}\" after IPv6 host", after));
+      if (after.front() != ':') bad(url, fmt::format("unexpected \"{}\" after IPv6 host", escape_text(after, 64)));
       port = after.substr(1);
       if (port.empty()) bad(url, "empty port after ':'");
     }
@@ -115,10 +110,11 @@ ConnectionOptions parse_url(std::string_view url) {
   }
   if (host.empty()) bad(url, "missing host");
   if (rest.front() != '[' && host.find(':') != std::string_view::npos)
-    bad(url, fmt::format("invalid host \"{}\" (an IPv6 address goes in brackets: [::1]:6379)", host));
+    bad(url, fmt::format("invalid host \"{}\" (an IPv6 address goes in brackets: [::1]:6379)", escape_text(host, 64)));
   for (char c : host)
-    if (c == ' ' || c == '/' || c == '?' || c == '#' || c == '@')
-      bad(url, fmt::format("invalid character '{}' in host \"{}\"", c, host));
+    if (c == ' ' || c == '/' || c == '?' || c == '#' || c == '@' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      bad(url, fmt::format("invalid character '{}' in host \"{}\"", escape_text(std::string_view(&c, 1)),
+                           escape_text(host, 64)));
   o.host = std::string(host);
   if (!port.empty()) o.port = parse_int<std::uint16_t>(port, url, "port", 1, 65535);
   if (!path.empty()) o.db = parse_int<int>(path, url, "database", 0, 1 << 20);
@@ -129,19 +125,19 @@ ConnectionOptions parse_url(std::string_view url) {
     query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
     if (kv.empty()) continue;
     auto eq = kv.find('=');
-    if (eq == std::string_view::npos) bad(url, fmt::format("option \"{}\" has no value", kv));
+    if (eq == std::string_view::npos) bad(url, fmt::format("option \"{}\" has no value", escape_text(kv, 64)));
     std::string_view key = kv.substr(0, eq);
     std::string val = percent_decode(kv.substr(eq + 1), url, key);
     auto dur = [&](std::string_view what) {
       std::chrono::milliseconds d{};
       try {
-        d = std::chrono::duration_cast<std::chrono::milliseconds>(parse_duration(val, what));
+        d = parse_duration_ms(val, what);
       } catch (const Error& e) {
         // Keep one "invalid URL:" prefix: drop the nested category text.
         std::string_view why = e.what();
         const std::string prefix = e.code().message() + ": ";
         if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
-        bad(url, fmt::format("option {}: {}", key, why));
+        bad(url, fmt::format("option {}: {}", escape_text(key, 64), why));
       }
       // Outside the try: bad() throws the very type the handler catches.
       if (d.count() <= 0) bad(url, fmt::format("option {} must be positive (at least 1ms)", key));
@@ -158,14 +154,30 @@ ConnectionOptions parse_url(std::string_view url) {
     else if (key == "name") o.client_name = val;
     else if (key == "max_ttl") o.lock_max_ttl = dur("max_ttl");
     else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
-    else bad(url, fmt::format("unknown option \"{}\"", key));
+    else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
   }
   return o;
 }
 
+std::string with_password(std::string_view url, std::string_view password) {
+  const ConnectionOptions o = parse_url(url);
+  if (!o.password.empty())
+    throw Error(errc::invalid_url, fmt::format("the Redis URL \"{}\" already has a password; give it in one place only",
+                                               redact_url(url)));
+  if (password.empty()) throw Error(errc::invalid_url, "the Redis password is empty");
+  // No password means no userinfo: parse_url reads "x@host" as a password.
+  std::string encoded;
+  for (unsigned char c : password) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') encoded.push_back(static_cast<char>(c));
+    else encoded += fmt::format("%{:02X}", c);
+  }
+  const auto start = url.find("://") + 3;
+  return fmt::format("{}:{}@{}", url.substr(0, start), encoded, url.substr(start));
+}
+
 std::string to_display_url(const ConnectionOptions& o) {
   std::string auth;
-  if (!o.user.empty()) auth = o.user + (o.password.empty() ? "" : ":***") + "@";
+  if (!o.user.empty()) auth = escape_text(o.user, 64) + (o.password.empty() ? "" : ":***") + "@";
   else if (!o.password.empty()) auth = "***@";
   const bool v6 = o.host.find(':') != std::string::npos;
   return fmt::format("{}://{}{}{}{}:{}/{}", o.tls.enabled ? "rediss" : "redis", auth, v6 ? "[" : "", o.host,

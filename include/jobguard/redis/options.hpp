@@ -91,9 +91,19 @@ struct ConnectionOptions {
 // Parses `redis://[user[:password]@]host[:port][/db][?opt=val&...]` and
 // `rediss://...` (TLS). Query options: `timeout`, `connect_timeout` (durations),
 // `connections`, `ca` (CA file), `sni`, `verify` (yes/no), `cert`, `key`,
-// `name`, `max_ttl` (a duration, lock_max_ttl). IPv6 hosts go in brackets. Throws Error(errc::invalid_url) naming the
-// bad part, e.g. `invalid URL: port "99999" out of range in "redis://h:99999"`.
+// `name`, `max_ttl` (a duration, lock_max_ttl). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
+// password may hold raw '/', '?', ':' or '@' (an '@' in a query value must be
+// written %40). Throws Error(errc::invalid_url) naming the bad part, e.g.
+// `invalid URL: port 99999 out of range (1..65535) in "redis://h:99999"`; the
+// URL in the message has its password masked (redact_url) and no password
+// fragment is ever quoted.
 ConnectionOptions parse_url(std::string_view url);
+
+// `url` with `password` put into it (percent-encoded), for a password that
+// comes from a file or the environment rather than the command line. Throws
+// Error(errc::invalid_url) when `url` does not parse or already carries a
+// password (two sources: which one is meant?).
+std::string with_password(std::string_view url, std::string_view password);
 
 // The URL back, password masked: for logs and `jobguard doctor`.
 std::string to_display_url(const ConnectionOptions& o);

@@ -1,8 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "exposition_parser.hpp"
 #include "http_client.hpp"
@@ -100,7 +106,7 @@ TEST(MetricsServer, UnknownPathIs404AndOtherMethodsAre405) {
   EXPECT_EQ(http_request(server.port(), "GET", "/metricsx").status, 404);
   const auto post = http_request(server.port(), "POST", "/metrics");
   EXPECT_EQ(post.status, 405);
-  EXPECT_EQ(post.headers.at("allow"), "GET");
+  EXPECT_EQ(post.headers.at("allow"), "GET, HEAD");
   EXPECT_EQ(http_request(server.port(), "DELETE", "/healthz").status, 405);
 }
 
@@ -208,4 +214,131 @@ TEST(MetricsServer, ConcurrentScrapesWhileWritersIncrement) {
   stop = true;
   writer.join();
   EXPECT_EQ(ok.load(), 40);
+}
+
+namespace {
+
+// One raw request on a fresh connection; the whole answer, parsed.
+jobguard::test::HttpResponse raw_request(std::uint16_t port, const std::string& bytes) {
+  TcpConn c(port, 5s);
+  try {
+    c.send_all(bytes);  // may fail half-way once the server has answered and closed
+  } catch (const std::runtime_error&) {
+  }
+  return jobguard::test::parse_http_response(c.read_to_eof(5s));
+}
+
+}  // namespace
+
+TEST(MetricsServer, MalformedAndOversizedRequestsGetTheirOwn4xx) {
+  Registry r;
+  MetricsServer server(r, ephemeral());
+  server.start();
+  const auto port = server.port();
+  EXPECT_EQ(raw_request(port, "GARBAGE\r\n\r\n").status, 400);
+  EXPECT_EQ(raw_request(port, "GET metrics HTTP/1.1\r\n\r\n").status, 400);
+  EXPECT_EQ(raw_request(port, "GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n").status, 400);
+  EXPECT_EQ(raw_request(port, "GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx").status,
+            400);
+  EXPECT_EQ(raw_request(port, "GET /metrics HTTP/2.0\r\n\r\n").status, 505);
+  const auto big_head = raw_request(port, "GET /metrics HTTP/1.1\r\nX-Junk: " + std::string(16 * 1024, 'a') + "\r\n\r\n");
+  EXPECT_EQ(big_head.status, 431);
+  EXPECT_EQ(big_head.headers.at("connection"), "close");
+  EXPECT_EQ(raw_request(port, "POST /metrics HTTP/1.1\r\nContent-Length: 100000\r\n\r\n").status, 413);
+  EXPECT_EQ(raw_request(port, "POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").status, 501);
+  // A small body is read and ignored; the method decides.
+  EXPECT_EQ(raw_request(port, "POST /metrics HTTP/1.1\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello").status,
+            405);
+  // HEAD: the headers of a GET, no body.
+  TcpConn c(port, 5s);
+  c.send_all("HEAD /healthz HTTP/1.1\r\nConnection: close\r\n\r\n");
+  const std::string head = c.read_to_eof(5s);
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_NE(head.find("Content-Length: 3\r\n"), std::string::npos) << head;
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;
+  // The server is still fine.
+  EXPECT_EQ(http_request(port, "GET", "/metrics").status, 200);
+}
+
+// Issue #12 item 10: 64 idle connections locked out every scrape until their
+// deadlines passed. The idle ones are now evicted for newcomers.
+TEST(MetricsServer, IdleConnectionsAtTheLimitAreEvictedForAScrape) {
+  Registry r;
+  MetricsServerOptions o = ephemeral();
+  o.max_connections = 8;
+  o.idle_timeout = 60s;  // only eviction can free their slots
+  o.read_timeout = 60s;
+  MetricsServer server(r, o);
+  server.start();
+  std::vector<std::unique_ptr<TcpConn>> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(std::make_unique<TcpConn>(server.port(), 5s));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(http_request(server.port(), "GET", "/metrics", 10s).status, 200);
+  // The oldest idle ones were closed by the server (EOF, no response).
+  EXPECT_EQ(idle.front()->read_to_eof(10s), "");
+}
+
+TEST(MetricsServer, IdleConnectionIsClosedAfterIdleTimeout) {
+  Registry r;
+  MetricsServerOptions o = ephemeral();
+  o.idle_timeout = 200ms;
+  MetricsServer server(r, o);
+  server.start();
+  TcpConn c(server.port(), 5s);
+  c.send_all("GET /healthz HTTP/1.1\r\n\r\n");  // keep-alive
+  // Answered, then idle: closed after idle_timeout (read_to_eof throws after 10 s otherwise).
+  const std::string raw = c.read_to_eof(10s);
+  EXPECT_EQ(raw.rfind("HTTP/1.1 200 OK", 0), 0u) << raw;
+  EXPECT_NE(raw.find("Connection: keep-alive"), std::string::npos) << raw;
+}
+
+TEST(MetricsServer, HealthCheckDecidesHealthz) {
+  Registry r;
+  MetricsServerOptions o = ephemeral();
+  std::atomic<int> mode{0};  // 0 ok, 1 failing, 2 never answers, 3 answers from another thread
+  std::mutex threads_mutex;
+  std::vector<std::thread> threads;
+  o.handler_timeout = 300ms;
+  o.health_check = [&](std::function<void(bool, std::string)> done) {
+    switch (mode.load()) {
+      case 0: return done(true, {});
+      case 1: return done(false, "redis: connection refused\x1b[2J");
+      case 2: return;  // dropped: the server must still answer
+      default: {
+        std::lock_guard lock(threads_mutex);
+        threads.emplace_back([done = std::move(done)] { done(false, "from another thread"); });
+      }
+    }
+  };
+  {
+    MetricsServer server(r, o);
+    server.start();
+    EXPECT_EQ(http_request(server.port(), "GET", "/healthz").body, "ok\n");
+    mode = 1;
+    auto res = http_request(server.port(), "GET", "/healthz");
+    EXPECT_EQ(res.status, 503);
+    EXPECT_EQ(res.body, "unavailable: redis: connection refused\\x1b[2J\n");
+    mode = 2;
+    res = http_request(server.port(), "GET", "/healthz", 10s);
+    EXPECT_EQ(res.status, 503);
+    EXPECT_NE(res.body.find("timed out"), std::string::npos) << res.body;
+    mode = 3;
+    res = http_request(server.port(), "GET", "/healthz", 10s);
+    EXPECT_EQ(res.status, 503);
+    EXPECT_EQ(res.body, "unavailable: from another thread\n");
+    // /metrics does not depend on the health check.
+    EXPECT_EQ(http_request(server.port(), "GET", "/metrics").status, 200);
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(MetricsServer, LoopbackOnlyIsFalseForTheWildcardAddress) {
+  Registry r;
+  MetricsServer local(r, ephemeral());
+  local.start();
+  EXPECT_TRUE(local.loopback_only());
+  MetricsServerOptions o;
+  o.listen = {"0.0.0.0", 0};
+  MetricsServer wide(r, o);
+  wide.start();
+  EXPECT_FALSE(wide.loopback_only());
 }

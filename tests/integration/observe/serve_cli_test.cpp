@@ -5,11 +5,14 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -17,6 +20,7 @@
 
 #include "exposition_parser.hpp"
 #include "http_client.hpp"
+#include "jobguard/embedded_redis.hpp"
 
 using jobguard::test::http_request;
 using jobguard::test::parse_exposition;
@@ -119,12 +123,14 @@ class Child {
   bool reaped_ = false;
 };
 
-// Polls /healthz until the server answers (it binds right after start-up).
+// Polls /healthz until the server answers (it binds right after start-up);
+// 200 or 503 (no Redis behind it) both mean it serves.
 bool wait_until_serving(std::uint16_t port) {
   const auto until = std::chrono::steady_clock::now() + 10s;
   while (std::chrono::steady_clock::now() < until) {
     try {
-      if (http_request(port, "GET", "/healthz", 1s).status == 200) return true;
+      const int status = http_request(port, "GET", "/healthz", 5s).status;
+      if (status == 200 || status == 503) return true;
     } catch (const std::runtime_error&) {
     }
     std::this_thread::sleep_for(20ms);
@@ -168,13 +174,16 @@ TEST(ServeCli, SigintAlsoStopsCleanly) {
 }
 
 TEST(ServeCli, JsonOutputNamesTheBoundPortWhenAskedForPortZero) {
-  Child c({"--json", "serve", "--listen", "127.0.0.1:0"});
+  // Port 1: no Redis there, so /healthz says so.
+  Child c({"--json", "--redis", "redis://127.0.0.1:1/0", "serve", "--listen", "127.0.0.1:0"});
   const std::string line = c.read_stdout_line(10s);
   const auto j = nlohmann::json::parse(line);
   const auto port = j.at("port").get<std::uint16_t>();
   ASSERT_NE(port, 0);
   EXPECT_EQ(j.at("listening"), "http://127.0.0.1:" + std::to_string(port));
-  EXPECT_EQ(http_request(port, "GET", "/healthz").status, 200);
+  const auto health = http_request(port, "GET", "/healthz", 10s);
+  EXPECT_EQ(health.status, 503);
+  EXPECT_NE(health.body.find("Redis at redis://127.0.0.1:1/0"), std::string::npos) << health.body;
   ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
   EXPECT_EQ(c.wait_exit(10s), 0);
 }
@@ -209,4 +218,76 @@ TEST(ServeCli, PortAlreadyInUseFailsWithOneLine) {
   const std::string err = c.drain_stderr();
   EXPECT_NE(err.find("127.0.0.1:" + port), std::string::npos) << err;
   EXPECT_EQ(err.find('\n'), err.size() - 1) << err;
+}
+
+TEST(ServeCli, HealthzIsOkWhileRedisAnswersAnd503WithTheReasonWhenItDoesNot) {
+  jobguard::EmbeddedRedis redis;
+  redis.start();
+  const auto port = free_port();
+  Child c({"--redis", redis.url(), "serve", "--listen", "127.0.0.1:" + std::to_string(port), "--health-timeout",
+           "500ms"});
+  ASSERT_TRUE(wait_until_serving(port));
+  auto health = http_request(port, "GET", "/healthz", 10s);
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body, "ok\n");
+  redis.pause();  // SIGSTOP: the PING meets its deadline
+  health = http_request(port, "GET", "/healthz", 10s);
+  EXPECT_EQ(health.status, 503);
+  EXPECT_NE(health.body.find("unavailable: Redis at redis://"), std::string::npos) << health.body;
+  EXPECT_EQ(health.body.find('\n'), health.body.size() - 1) << health.body;
+  EXPECT_EQ(http_request(port, "GET", "/metrics", 10s).status, 200);  // metrics do not wait for Redis
+  redis.resume();
+  redis.kill();
+  health = http_request(port, "GET", "/healthz", 10s);
+  EXPECT_EQ(health.status, 503);
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+}
+
+TEST(ServeCli, RedisPasswordIsNeverInTheHealthAnswer) {
+  const auto port = free_port();
+  Child c({"--redis", "redis://:se/cr?et@127.0.0.1:1/0", "serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(wait_until_serving(port));
+  const auto health = http_request(port, "GET", "/healthz", 10s);
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(health.body.find("se/cr"), std::string::npos) << health.body;
+  EXPECT_NE(health.body.find("***@127.0.0.1:1"), std::string::npos) << health.body;
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+}
+
+TEST(ServeCli, WarnsOnANonLoopbackBind) {
+  Child c({"--redis", "redis://127.0.0.1:1/0", "serve", "--listen", "0.0.0.0:0"});
+  (void)c.read_stdout_line(10s);  // listening
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+  const std::string err = c.drain_stderr();
+  EXPECT_NE(err.find("warning"), std::string::npos) << err;
+  EXPECT_NE(err.find("reachable from other hosts"), std::string::npos) << err;
+}
+
+// Issue #12 item 10: 64 idle connections locked every scrape out. Now 1,000
+// idle connections are open and a scrape is still answered.
+TEST(ServeCli, AThousandIdleConnectionsDoNotStarveAScrape) {
+  // The test holds 1,000 sockets itself: raise its soft descriptor limit.
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_cur < 1100) {
+    ASSERT_GE(lim.rlim_max, 1100u) << "hard RLIMIT_NOFILE too low for this test";
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, 4096);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+  }
+  const auto port = free_port();
+  Child c({"--redis", "redis://127.0.0.1:1/0", "serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(wait_until_serving(port));
+  std::vector<std::unique_ptr<jobguard::test::TcpConn>> idle;
+  idle.reserve(1000);
+  for (int i = 0; i < 1000; ++i) idle.push_back(std::make_unique<jobguard::test::TcpConn>(port, 10s));
+  // A generous deadline: this proves "answered", not "fast".
+  for (int i = 0; i < 3; ++i) {
+    const auto res = http_request(port, "GET", "/metrics", 30s);
+    EXPECT_EQ(res.status, 200);
+  }
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
 }
