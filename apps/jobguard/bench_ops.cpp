@@ -69,10 +69,16 @@ Runner::Runner(const redis::ConnectionOptions& opts, Config cfg) : cfg_(cfg) {
   if (connected_) {
     // Load the release script so EVALSHA never takes the NOSCRIPT detour mid-run.
     client_->exec(redis::Command{"SCRIPT", "LOAD", release_script().source()});
+    if (cfg_.fleet) {
+      observe::FleetPublisherOptions fo;
+      fo.interval = std::chrono::seconds(1);
+      fleet_ = std::make_unique<observe::FleetPublisher>(*client_, fo);
+    }
   }
 }
 
 Runner::~Runner() {
+  fleet_.reset();  // its last batch needs the client and a running loop
   // The client must close on its loop before the loop stops.
   std::promise<void> closed;
   asio::post(ctx_, [this, &closed] {

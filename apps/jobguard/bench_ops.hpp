@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "jobguard/lock.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::cli::bench {
@@ -27,6 +28,9 @@ struct Config {
   int workers = 64;
   std::chrono::duration<double> seconds{3};
   bool threads = false;
+  // Publish the fleet numbers every second (observe::FleetPublisher) while
+  // measuring, as a library user would: `--no-fleet` measures without.
+  bool fleet = true;
 };
 
 struct Phase {
@@ -84,6 +88,7 @@ class Runner {
   boost::asio::io_context ctx_{1};
   std::unique_ptr<redis::Client> client_;
   std::shared_ptr<LockService> locks_;
+  std::unique_ptr<observe::FleetPublisher> fleet_;
   KeyBuilder keys_;
   std::string channel_for(const std::string& resource) const { return keys_.channel(resource); }
   std::thread loop_;

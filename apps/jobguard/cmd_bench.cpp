@@ -43,6 +43,7 @@ struct BenchArgs {
   std::string hold = "1ms";
   std::string resource = "bench:contention";
   bool workers_given = false, seconds_given = false;
+  bool no_fleet = false;
 };
 
 nlohmann::json summarize(const bench::Phase& p) {
@@ -192,7 +193,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   opts.command_timeout = seconds(5);
   if (a.contention) return run_contention(g, a, opts);
 
-  bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads"};
+  bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads", !a.no_fleet};
   bench::Runner runner(opts, cfg);
   if (!runner.connected())
     throw Error(errc::redis_unavailable, fmt::format("cannot connect to {}", redis::to_display_url(opts)));
@@ -281,6 +282,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
                   "Alternating raw_pair/lock rounds; the ratio is the median of the rounds' ratios")
       ->capture_default_str()
       ->check(CLI::Range(1, 99));
+  sub->add_flag("--no-fleet", args->no_fleet, "Do not publish the fleet numbers while measuring (to see their cost)");
   sub->add_flag("--embedded", args->embedded, "Start a private redis-server instead of using --redis");
   sub->add_flag("--contention", args->contention,
                 "Instead: W workers (own connection each) loop acquire -> hold -> release on ONE key; "

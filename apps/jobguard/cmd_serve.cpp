@@ -18,6 +18,7 @@
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/command.hpp"
 #include "jobguard/redis/options.hpp"
+#include "jobguard/observe/fleet.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -58,6 +59,11 @@ int serve(const Globals& g, const std::string& listen, const std::string& health
   if (conn.client_name.empty()) conn.client_name = "jobguard-serve";
   auto client = std::make_shared<redis::Client>(conn);  // connects in the background
   opt.health_check = redis_health_check(client, deadline, redis::to_display_url(conn));
+
+  // The fleet's numbers (what every jobguard process published to this
+  // Redis), read on the exporter's thread so a scrape never waits on Redis.
+  observe::FleetExporter fleet(*client);
+  opt.extra_metrics = [&fleet] { return fleet.text(); };
 
   observe::MetricsServer server(observe::Registry::global(), opt);
   server.start();
