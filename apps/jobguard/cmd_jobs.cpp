@@ -28,6 +28,7 @@
 #include <system_error>
 
 #include "cli.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
@@ -357,6 +358,7 @@ class Worker {
     wait_signal(signals);
 
     auto client = connect(g_, "jobguard-worker");
+    observe::FleetPublisher fleet(*client);  // the fleet's numbers; last batch sent on return
     job::StreamSource source(*client, so);  // validates the options before any network call of its own
     source.ensure_group();
     auto leases = LeaseScheduler::create(LockService::create(*client));

@@ -22,6 +22,7 @@
 #include <system_error>
 
 #include "cli.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
@@ -171,6 +172,10 @@ class Runner {
       throw Error(errc::redis_unavailable,
                   fmt::format("cannot reach Redis at {}: {}; CMD not run (fail-closed)", redis::to_display_url(conn), e.what()));
     }
+
+    // Before the lock and lease (destroyed after them): its last batch, sent
+    // on return, carries this run's acquire, hold and release.
+    observe::FleetPublisher fleet(client);
 
     std::unique_ptr<guard::CompletionStore> done_store;
     if (!a_.once.empty()) {

@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/observe/metrics_server.hpp"
+#include "jobguard/redis/client.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -26,6 +28,14 @@ int serve(const Globals& g, const std::string& listen) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  // The fleet's numbers (what every jobguard process published to this
+  // Redis), read on the exporter's thread so a scrape never waits on Redis.
+  auto conn = redis::parse_url(g.redis_url);
+  if (conn.client_name.empty()) conn.client_name = "jobguard-serve";
+  redis::Client fleet_client(conn);
+  observe::FleetExporter fleet(fleet_client);
+  opt.extra_metrics = [&fleet] { return fleet.text(); };
 
   observe::MetricsServer server(observe::Registry::global(), opt);
   server.start();

@@ -349,6 +349,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
   void busy() {
     metrics_->busy_total.inc();
+    saw_busy_ = true;
     last_busy_sent_ = sent_at_;
     const auto now = Clock::now();
     if (now >= deadline_) return give_up();
@@ -430,6 +431,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       return done(ec, std::nullopt);
     }
     metrics_->wait_seconds.observe(Clock::now() - started_);
+    // Counted with the wait histogram (whose count is the acquire calls), so
+    // contended / calls is the fleet's contention rate.
+    if (saw_busy_) metrics_->contended_total.inc();
     if (!granted) return done({}, std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
@@ -451,6 +455,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   std::optional<std::int64_t> grant_;
   int tries_ = 0;
   bool in_flight_ = false, wake_pending_ = false, finished_ = false, registered_ = false, granted_ = false;
+  bool saw_busy_ = false;
 };
 
 }  // namespace

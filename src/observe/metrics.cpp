@@ -92,6 +92,7 @@ LockClassSnapshot copy(const std::string& name, const LockClassMetrics& m) {
   s.lock_class = name;
   s.acquisitions_total = m.acquisitions_total.value();
   s.busy_total = m.busy_total.value();
+  s.contended_total = m.contended_total.value();
   s.wait_seconds = m.wait_seconds.snapshot();
   s.hold_seconds = m.hold_seconds.snapshot();
   s.renewals_total = m.renewals_total.value();

@@ -136,7 +136,8 @@ class Session : public std::enable_shared_from_this<Session> {
         reply(http::status::method_not_allowed, "text/plain; charset=utf-8", "method not allowed; use GET\n");
         res_.set(http::field::allow, "GET");
       } else if (target == "/metrics") {
-        reply(http::status::ok, std::string(kPrometheusContentType), to_prometheus(registry_));
+        reply(http::status::ok, std::string(kPrometheusContentType),
+              to_prometheus(registry_) + (opt_.extra_metrics ? opt_.extra_metrics() : std::string()));
       } else if (target == "/metrics.json") {
         reply(http::status::ok, "application/json",
               to_json(registry_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

@@ -80,6 +80,7 @@ class Histogram {
 struct LockClassMetrics {
   Counter acquisitions_total;           // locks granted
   Counter busy_total;                   // attempts answered "busy" (contention)
+  Counter contended_total;              // acquire calls that met >= 1 busy answer (waited or gave up)
   Histogram wait_seconds;               // first attempt -> granted or gave up
   Histogram hold_seconds;               // granted -> released or lost
   Counter renewals_total;               // successful lease renewals
@@ -97,6 +98,7 @@ struct LockClassSnapshot {
   std::string lock_class;
   std::uint64_t acquisitions_total = 0;
   std::uint64_t busy_total = 0;
+  std::uint64_t contended_total = 0;
   HistogramSnapshot wait_seconds;
   HistogramSnapshot hold_seconds;
   std::uint64_t renewals_total = 0;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -41,6 +42,10 @@ struct MetricsServerOptions {
   std::chrono::milliseconds write_timeout{5000};
   // Open connections beyond this are closed at once. Default 64.
   std::size_t max_connections = 64;
+  // More families appended to the /metrics body (serve: the fleet's
+  // numbers, observe/fleet.hpp). Called on the server thread per scrape: it
+  // must return quickly. Default: none.
+  std::function<std::string()> extra_metrics;
 };
 
 class MetricsServer {
