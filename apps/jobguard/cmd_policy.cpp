@@ -13,6 +13,7 @@
 #include "cli.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/job/catalog.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::cli {
@@ -20,9 +21,11 @@ namespace {
 
 constexpr const char* kPolicyHelp = R"(The lock catalog: a YAML file declaring every lock class (docs/operations.md).
 
-  jobguard policy lint FILE             check every class; with --redis also
+  jobguard policy lint FILE [--window 60m]
+                                        check every class; with --redis also
                                         compare each TTL with the fleet's
-                                        observed p99 hold time
+                                        observed p99 hold time over the window
+                                        (classes with under 20 holds: skipped)
   jobguard policy doc FILE [--format md|html] [-o OUT]
 
 lint prints one line per finding, FILE:LINE: error|warning: class 'NAME': WHAT.
@@ -35,6 +38,7 @@ unreadable FILE; 64 usage; 69 --redis given and Redis unavailable.)";
 
 struct PolicyArgs {
   std::string file;
+  std::string window = "60m";
   std::string format = "md";
   std::string output;
 };
@@ -47,7 +51,28 @@ std::string read_whole(const std::string& path) {
   return ss.str();
 }
 
+// Each class's p99 hold time as the fleet published it (observe::FleetReader)
+// over the window.
+std::vector<job::ObservedHold> observed_hold_times(const Globals& g, std::chrono::minutes window) {
+  auto conn = redis::parse_url(g.redis_url);
+  if (conn.client_name.empty()) conn.client_name = "jobguard-policy";
+  redis::Client client(conn);
+  try {
+    client.exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
+  } catch (const Error& e) {
+    throw Error(errc::redis_unavailable,
+                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
+  }
+  const auto snap = observe::FleetReader(client).read(window);
+  std::vector<job::ObservedHold> out;
+  for (const auto& c : snap.classes)
+    if (auto p99 = c.hold_quantile_seconds(0.99)) out.push_back({c.lock_class, *p99, c.counts.hold_count()});
+  return out;
+}
+
 int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
+  // A bad --window is a usage error even when the file is bad too.
+  const auto window = observe::parse_window(a.window);
   std::string text;
   try {
     text = read_whole(a.file);
@@ -57,7 +82,10 @@ int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
   }
   std::vector<job::CatalogFinding> findings;
   const auto catalog = job::Catalog::check(text, a.file, findings);
-  (void)with_redis;  // FLEET-TODO: merged with opsm's reader below
+  if (with_redis) {
+    auto more = job::lint_hold_times(catalog, observed_hold_times(g, window));
+    findings.insert(findings.end(), more.begin(), more.end());
+  }
   std::size_t errors = 0;
   for (const auto& f : findings) errors += f.severity == job::CatalogFinding::Severity::error;
   if (g.json) {
@@ -110,6 +138,8 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   auto* lint = policy->add_subcommand("lint", "Check a lock catalog (exit 65 on errors)");
   lint->fallthrough();
   lint->add_option("FILE", a->file, "Catalog YAML")->required();
+  lint->add_option("--window", a->window, "With --redis: the fleet window the p99 is taken over (1m, 5m, 15m, 60m)")
+      ->capture_default_str();
   out.emplace_back(lint, [&g, a, redis_opt] { return run_lint(g, *a, redis_opt->count() > 0); });
 
   auto* doc = policy->add_subcommand("doc", "Render a lock catalog as one page");

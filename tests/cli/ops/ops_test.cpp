@@ -8,8 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "jobguard/embedded_redis.hpp"
+#include "jobguard/lock.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 
@@ -201,6 +204,60 @@ TEST_F(OpsCli, PolicyLintPrintsOneLinePerFindingAndExits65) {
   EXPECT_NE(r.out.find(path + ":13: error: class 'export': missing field 'owner'"), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
   EXPECT_EQ(jg({"policy", "lint", file("missing.yaml")}).status, 65);
+}
+
+TEST_F(OpsCli, PolicyLintJudgesTtlsByTheFleetsObservedHoldTimes) {
+  // 24 holders per class, each holding its lock for 300 ms, published to the
+  // fleet as any library user's process publishes.
+  auto client = make_client();
+  {
+    observe::FleetPublisher fleet(*client, observe::FleetPublisherOptions{.interval = 0ms});
+    auto svc = LockService::create(*client);
+    std::vector<std::thread> holders;
+    for (int i = 0; i < 24; ++i)
+      holders.emplace_back([&svc, i] {
+        std::vector<Lock> held;
+        for (const char* cls : {"lint-hot", "lint-cold", "lint-fine"}) {
+          auto l = svc->acquire(fmt::format("{}:{}", cls, i), LockOptions{.ttl = 60s, .lock_class = cls});
+          if (l) held.push_back(std::move(*l));
+        }
+        std::this_thread::sleep_for(300ms);
+        for (auto& l : held) l.release();
+      });
+    for (auto& t : holders) t.join();
+    ASSERT_TRUE(fleet.flush());
+  }
+  const auto cat = file("fleet.yaml");
+  std::string yaml = "classes:\n";
+  for (auto [name, ttl] : {std::pair{"lint-hot", "400ms"}, {"lint-cold", "60s"}, {"lint-fine", "3s"}})
+    yaml += fmt::format(R"(  - name: {}
+    key: "{}:{{id}}"
+    owner: ops
+    protects: a test resource
+    consequence: low
+    ttl: {}
+    renewal: false
+    hard_timeout: none
+    fencing: false
+    on_redis_down: fail-closed
+    fallback: none
+)", name, name, ttl);
+  write(cat, yaml);
+  // Without --redis only the declarations are judged: all fine.
+  Subprocess offline({jobguard_binary(), "policy", "lint", cat});
+  const auto off = offline.wait_or_kill(30s);
+  EXPECT_EQ(off.status, 0) << off.out << off.err;
+
+  const auto r = jg({"policy", "lint", cat, "--window", "5m"});
+  EXPECT_EQ(r.status, 65) << r.out << r.err;
+  EXPECT_NE(r.out.find(cat + ":2: error: class 'lint-hot': ttl 400ms is too close to the observed p99 hold time"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(cat + ":13: warning: class 'lint-cold': ttl 1m is over 20x the observed p99"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("lint-fine"), std::string::npos) << r.out;
+  EXPECT_EQ(jg({"policy", "lint", cat, "--window", "7m"}).status, 64);
 }
 
 TEST_F(OpsCli, PolicyDocRendersMarkdownAndHtml) {

@@ -92,7 +92,7 @@ TEST(Catalog, MissingFieldIsAnErrorWithFileLineAndClass) {
 TEST(Catalog, UnknownFieldIsAnErrorOnItsLine) {
   const auto f = findings_of(edit("    fencing: false", "    fencing: false\n    tll: 3s"));
   ASSERT_EQ(f.size(), 1u);
-  EXPECT_EQ(f[0].line, 12);
+  EXPECT_EQ(f[0].line, 11);
   EXPECT_NE(f[0].message.find("unknown field 'tll'"), std::string::npos);
 }
 
