@@ -21,7 +21,8 @@ constexpr const char* kDoctorHelp = R"(Check the lock Redis (and PostgreSQL with
   pg_advisory_locks pg_latency pg_clock]
 Each line is OK, WARN or FAIL with what was seen and, for WARN/FAIL, what to
 do (docs/operations.md: what each finding means). The permission probe writes
-and deletes the key <prefix>:doctor:{probe}; everything else only reads.
+and deletes the keys <prefix>:doctor:{probe}[:audit] and {<prefix>:fleet}:doctor-probe;
+everything else only reads.
 
 Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
 64 usage (malformed URL); 69 Redis unreachable (the connection check failed).)";

@@ -161,6 +161,8 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
   const std::string probe = o.key_prefix + ":doctor:{probe}";
   const std::string audit = o.key_prefix + ":doctor:{probe}:audit";
   const std::string chan = o.key_prefix + ":released:{probe}";
+  // The fleet numbers (observe::FleetPublisher) live under their own hash tag.
+  const std::string fleet = "{" + o.key_prefix + ":fleet}:doctor-probe";
   static const redis::Script get_script{"return redis.call('GET', KEYS[1])"};
   struct Step {
     const char* what;
@@ -178,7 +180,9 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
       {"XADD", {"XADD", audit, "MAXLEN", "~", "10", "*", "doctor", "1"}},
       {"XREVRANGE", {"XREVRANGE", audit, "+", "-", "COUNT", "1"}},
       {"TIME", {"TIME"}},
+      {"HINCRBY (fleet keys)", {"HINCRBY", fleet, "doctor", "1"}},
       {"DEL", {"DEL", probe, audit}},
+      {"DEL (fleet keys)", {"DEL", fleet}},
   };
   std::vector<std::string> denied;
   std::string first;
@@ -192,12 +196,13 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
   }
   const std::string user = c.options().user.empty() ? "default" : c.options().user;
   if (denied.empty())
-    return ok("acl", fmt::format("user {} may run every command jobguard sends on {}:* keys and channels", user,
-                                 o.key_prefix));
+    return ok("acl", fmt::format("user {} may run every command jobguard sends on {}:* keys and channels "
+                                 "and the fleet keys {{{}:fleet}}:*",
+                                 user, o.key_prefix, o.key_prefix));
   return fail("acl", fmt::format("user {} was refused {} (first: {})", user, fmt::join(denied, ", "), first),
-              fmt::format("grant them, e.g. ACL SETUSER {} ~{}:* &{}:* +@read +@write +@scripting +publish +subscribe "
-                          "+scan +time +info +ping",
-                          user, o.key_prefix, o.key_prefix));
+              fmt::format("grant them, e.g. ACL SETUSER {} ~{}:* ~{{{}:fleet}}:* &{}:* +@read +@write +@scripting "
+                          "+publish +subscribe +scan +time +info +ping",
+                          user, o.key_prefix, o.key_prefix, o.key_prefix));
 }
 
 CheckResult latency_check(redis::Client& c, const DoctorOptions& o) {

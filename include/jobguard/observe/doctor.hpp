@@ -3,7 +3,8 @@
 // was seen and what to do. docs/operations.md explains every finding.
 //
 // Every check is read-only except the permission probe, which writes and
-// deletes one key (<prefix>:doctor:{probe}) and publishes on one channel.
+// deletes <prefix>:doctor:{probe}, <prefix>:doctor:{probe}:audit and
+// {<prefix>:fleet}:doctor-probe, and publishes on one channel.
 //
 // Threads: check_redis / check_postgres block (never on the Redis client's
 // event-loop thread); concurrent calls are fine.

@@ -152,6 +152,20 @@ TEST(Doctor, KeysOutsideThePermittedPatternFailTheAclCheck) {
   EXPECT_EQ(find(rs, "lua").status, CheckStatus::ok);  // EVAL itself is allowed
 }
 
+TEST(Doctor, AUserWithoutTheFleetKeysFailsTheAclCheck) {
+  auto s = start({});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "ACL SETUSER locksonly on >pw ~jobguard:* &* +@all"), "OK");
+  auto o = options_for(*s);
+  o.user = "locksonly";
+  o.password = "pw";
+  const auto rs = doctor(*s, o);
+  const auto& acl = find(rs, "acl");
+  EXPECT_EQ(acl.status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(acl.detail.find("HINCRBY (fleet keys)"), std::string::npos) << acl.detail;
+  EXPECT_EQ(acl.detail.find("SET,"), std::string::npos) << acl.detail;  // the lock keys themselves are allowed
+  EXPECT_NE(acl.advice.find("~{jobguard:fleet}:*"), std::string::npos) << acl.advice;
+}
+
 TEST(Doctor, AStalledServerFailsTheLatencyCheck) {
   auto s = start({});
   redis::Client c(options_for(*s));
