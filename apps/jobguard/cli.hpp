@@ -51,6 +51,10 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out);
 void add_pg(CLI::App& root, Globals& g, Commands& out);
 void add_run(CLI::App& root, Globals& g, Commands& out);
 void add_serve(CLI::App& root, Globals& g, Commands& out);
+void add_stats(CLI::App& root, Globals& g, Commands& out);
+void add_locks(CLI::App& root, Globals& g, Commands& out);
+void add_doctor(CLI::App& root, Globals& g, Commands& out);
+void add_policy(CLI::App& root, Globals& g, Commands& out);
 
 // `jobguard --version`: our version, the client libraries', the build type.
 std::string version_text();

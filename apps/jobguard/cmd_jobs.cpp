@@ -33,6 +33,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
+#include "jobguard/job/catalog.hpp"
 #include "jobguard/job/lock_class.hpp"
 #include "jobguard/job/supervisor.hpp"
 #include "jobguard/job/runner.hpp"
@@ -58,6 +59,7 @@ constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consum
                      [--ttl 30s] [--timeout DUR] [--claim-idle 30s] [--max-attempts 5]
                      [--id-field id] [--run-field run] [--key-pattern CLASS:{id}]
                      [--grace 10s] [--fence] [--max-jobs N] [--exit-when-idle DUR]
+                     [--catalog FILE]
                      -- CMD [ARGS...]
 
 add   appends one job (XADD) and prints its id ({"id":...} with --json).
@@ -66,7 +68,8 @@ ls    the stream's length, the group's pending jobs (id, consumer, idle time,
 dead  the dead-letter entries (newest first): the job's fields, its last error
       and how many times it was delivered.
 work  takes jobs one at a time and runs CMD for each, guarded as the lock
-      class NAME that its flags declare (docs/jobs.md):
+      class NAME that its flags declare (docs/jobs.md), or that the lock
+      catalog FILE declares with --catalog (then the class flags are ignored):
         the unit id is the job's --id-field (a job without it fails with that
         error), the run id its --run-field or else the stream entry id; a unit
         completes once per run id (a completion record in Redis).
@@ -277,6 +280,7 @@ struct WorkArgs {
   bool fence = false;
   std::int64_t max_jobs = 0;
   std::string exit_when_idle;
+  std::string catalog;  // --catalog FILE: the class comes from it, not from the flags
   std::vector<std::string> cmd;
 };
 
@@ -323,6 +327,15 @@ class Worker {
     cls.fenced = a_.fence;
     cls.owner = "jobguard jobs work";
     cls.protects = fmt::format("CMD `{}` for each job of stream {}", a_.cmd.front(), a_.stream);
+    if (!a_.catalog.empty()) {
+      // The catalog's declaration wins over the class flags: it is the one
+      // place the team wrote the class down (docs/operations.md).
+      cls = job::Catalog::load(a_.catalog).get(a_.cls);
+      if (cls.consequence == job::Consequence::high)
+        throw Error(errc::invalid_argument,
+                    fmt::format("--catalog {}: class '{}' is high (needs a PostgreSQL effect; use the library's "
+                                "GuardedRunner)", a_.catalog, a_.cls));
+    }
     cls.validate();
     cls_long_running_ = cls.long_running;
     grace_ = duration_flag(a_.grace, "--grace");
@@ -671,6 +684,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   work->add_option("--grace", w->grace, "Time between SIGTERM and SIGKILL when stopping CMD")
       ->check(duration_validator())
       ->capture_default_str();
+  work->add_option("--catalog", w->catalog, "Lock catalog YAML: class NAME is declared there (overrides the class flags)");
   work->add_flag("--fence", w->fence, "Every grant carries a fencing token, exported as JOBGUARD_FENCE");
   work->add_option("--max-jobs", w->max_jobs, "Exit after N jobs finished: acknowledged or dead-lettered (0: no limit)")->capture_default_str();
   work->add_option("--exit-when-idle", w->exit_when_idle, "Exit after DUR without a job")->check(duration_validator());

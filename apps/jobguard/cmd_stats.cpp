@@ -105,7 +105,7 @@ int stats(const Globals& g, const StatsArgs& a) {
   return exit_code::ok;
 }
 
-JOBGUARD_COMMAND([](CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+void add(CLI::App& root, Globals& g, Commands& out) {
   auto* sub = root.add_subcommand("stats", "Print the fleet's lock numbers per class (as published to Redis)");
   auto a = std::make_shared<StatsArgs>();
   sub->add_option("--window", a->window, "1m, 5m, 15m or 60m")->capture_default_str();
@@ -116,7 +116,9 @@ JOBGUARD_COMMAND([](CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*,
       "(from the merged histograms), expired locks per minute (leases lost + releases that found the key gone or "
       "taken). See docs/observability.md.");
   out.emplace_back(sub, [&g, a] { return stats(g, *a); });
-});
+}
 
 }  // namespace
+
+void add_stats(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 
@@ -47,7 +48,12 @@ const char* to_string(LeaseState s) noexcept;
 
 class LeaseScheduler;
 
-// A handle to a renewing lock. Destroying it releases the lock.
+// A handle to a renewing lock. Destroying it releases the lock, and *blocks*
+// for that: the destructor calls release(), which waits for Redis's reply (up
+// to the client's command timeout) unless it runs on the client's event-loop
+// thread, where it sends the release without waiting. A lease already lost is
+// not released (the key is someone else's or gone). Call release() yourself
+// where a blocking scope exit would hurt.
 // Threads: safe_time_left(), ensure(), lost(), state() and stop_token() may be
 // called from any thread; the on_lost callback runs on the event loop.
 class Lease {
@@ -65,6 +71,14 @@ class Lease {
   // monotonic clock on every call, so a caller resuming from a pause sees the
   // truth before the scheduler has run.
   std::chrono::milliseconds safe_time_left() const noexcept;
+  // The monotonic instant until which the lock is certainly ours: the one
+  // safe_time_left() counts down to. Every successful renewal moves it later.
+  // Once the lease is lost or released it no longer means anything (and
+  // safe_time_left() is zero).
+  std::chrono::steady_clock::time_point deadline() const noexcept;
+  // When the hard timeout (LeaseOptions::hard_timeout) stops the lease,
+  // counted from acquisition; nullopt without one.
+  std::optional<std::chrono::steady_clock::time_point> hard_deadline() const noexcept;
   // Throws Error(errc::lease_lost) unless at least `min_left` is left: call it
   // before each side effect ("ensure at least 2 s left").
   void ensure(std::chrono::milliseconds min_left) const;

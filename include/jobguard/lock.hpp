@@ -128,6 +128,37 @@ void trust_new_server(redis::Client& client);
 
 class LockService;
 
+// What Redis says about one resource's lock right now (LockService::inspect).
+// A snapshot taken by one script, so its fields agree with each other; it is
+// stale the moment it returns.
+struct LockInfo {
+  std::string resource;
+  std::string key;
+  // Held: the lock key exists. The fields below describe its holder.
+  bool held = false;
+  // The holder's readable owner, token_owner(): "web-3/4121/invoice-run"
+  // (host/pid/job) for jobguard tokens, the whole value for other clients'.
+  std::string holder;
+  // Time left before the key expires (-1 ms: the key has no TTL, which no
+  // jobguard client ever writes).
+  std::chrono::milliseconds ttl_left{0};
+  // The fencing high-water mark of the resource (the last fence issued, by a
+  // grant or a force release); nullopt when none was ever issued. It is the
+  // current holder's fence only if that holder asked for one.
+  std::optional<std::int64_t> fence;
+  // Time since `fence` was issued, derived from it: fences are never below
+  // the server clock in microseconds (acquire.lua), so a fence that reads as
+  // a past server time is its grant time. nullopt when the fence does not
+  // read as a time (a counter ahead of the clock) or there is none. It is
+  // the holder's age only when the holder is fenced (docs/operations.md).
+  std::optional<std::chrono::milliseconds> fence_age;
+  // Fair-mode waiters queued for the resource (LLEN of its queue). Plain
+  // waiters leave no trace in Redis and are not counted.
+  std::int64_t waiters = 0;
+  // The server's clock at the snapshot (unix ms), for display.
+  std::int64_t server_time_ms = 0;
+};
+
 // A held lock. Destroying a Lock that is still held releases it (without
 // waiting for the reply): scope exit is release. Movable, not copyable.
 // Threads: one owner at a time; release()/extend() block and must not be
@@ -220,6 +251,14 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // pub/sub rights). Waiters then fall back to polling with backoff. No error
   // when there was none. Also written to the client's on_warning sink.
   Error subscriber_error() const;
+
+  // Who holds `resource`, for how much longer, its fence and its fair queue:
+  // one read-only script (EVALSHA), no effect on the lock. Throws Error on
+  // Redis failures and on a malformed resource; a free resource is a result
+  // (held = false). Blocking: not from the client's event-loop thread.
+  LockInfo inspect(std::string_view resource);
+  // The asynchronous form; `done` runs on the event loop.
+  void async_inspect(std::string resource, std::function<void(std::error_code, LockInfo)> done);
 
   struct Impl;
   // Internal, for src/lock: building a Lock value.

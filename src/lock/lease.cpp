@@ -242,6 +242,15 @@ std::chrono::milliseconds Lease::safe_time_left() const noexcept {
   return std::chrono::duration_cast<ms>(until - now);
 }
 
+Clock::time_point Lease::deadline() const noexcept {
+  return Clock::time_point(Clock::duration(s_->safe_until_ns.load()));
+}
+
+std::optional<Clock::time_point> Lease::hard_deadline() const noexcept {
+  if (s_->opts.hard_timeout.count() <= 0) return std::nullopt;
+  return s_->lock.acquired_at() + s_->opts.hard_timeout;
+}
+
 void Lease::ensure(std::chrono::milliseconds min_left) const {
   const auto left = safe_time_left();
   if (left <= ms(0) || left < min_left) {

@@ -1,0 +1,100 @@
+// `jobguard doctor`: is this Redis (and PostgreSQL) fit for locks? One line
+// per check: OK / WARN / FAIL, what was seen, what to do. A thin layer over
+// jobguard/observe/doctor.hpp; docs/operations.md explains every finding.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/observe/doctor.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::cli {
+namespace {
+
+constexpr const char* kDoctorHelp = R"(Check the lock Redis (and PostgreSQL with --postgres), one line per check:
+  connection role replicas eviction evicted_keys persistence lua acl latency
+  clock cluster shared_workload  [pg_connection pg_role pg_schema
+  pg_advisory_locks pg_latency pg_clock]
+Each line is OK, WARN or FAIL with what was seen and, for WARN/FAIL, what to
+do (docs/operations.md: what each finding means). The permission probe writes
+and deletes the keys <prefix>:doctor:{probe}[:audit] and {<prefix>:fleet}:doctor-probe;
+everything else only reads.
+
+Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
+64 usage (malformed URL); 69 Redis unreachable (the connection check failed).)";
+
+namespace doctor_exit {
+inline constexpr int warnings = 1;
+inline constexpr int failures = 2;
+}  // namespace doctor_exit
+
+struct DoctorArgs {
+  std::string key_prefix = "jobguard";
+  int pings = 5;
+};
+
+int run_doctor(const Globals& g, const DoctorArgs& a) {
+  auto conn = redis::parse_url(g.redis_url);
+  if (conn.client_name.empty()) conn.client_name = "jobguard-doctor";
+  observe::DoctorOptions o;
+  o.key_prefix = a.key_prefix;
+  o.pings = a.pings;
+  std::vector<observe::CheckResult> results;
+  {
+    redis::Client client(conn);
+    // A server that never answers is the connection check's FAIL, not a hang.
+    client.wait_connected(conn.connect_timeout);
+    results = observe::check_redis(client, o);
+  }
+  const bool unreachable = !results.empty() && results.front().name == "connection" &&
+                           results.front().status == observe::CheckStatus::fail;
+  if (!g.postgres_url.empty()) {
+    auto pg = observe::check_postgres(g.postgres_url, o);
+    results.insert(results.end(), pg.begin(), pg.end());
+  }
+  if (g.json) {
+    auto arr = nlohmann::ordered_json::array();
+    for (const auto& r : results)
+      arr.push_back({{"check", r.name}, {"status", observe::to_string(r.status)}, {"detail", r.detail},
+                     {"advice", r.advice}});
+    std::cout << nlohmann::ordered_json{{"redis", redis::to_display_url(conn)},
+                                        {"status", observe::to_string(observe::worst(results))},
+                                        {"checks", arr}}
+                     .dump()
+              << "\n";
+  } else {
+    for (const auto& r : results) {
+      std::string line = fmt::format("{:<4} {}: {}", observe::to_string(r.status), r.name, r.detail);
+      if (!r.advice.empty()) line += " -> " + r.advice;
+      std::cout << line << "\n";
+    }
+  }
+  if (unreachable) return exit_code::unavailable;
+  switch (observe::worst(results)) {
+    case observe::CheckStatus::ok: return exit_code::ok;
+    case observe::CheckStatus::warn: return doctor_exit::warnings;
+    case observe::CheckStatus::fail: return doctor_exit::failures;
+  }
+  return doctor_exit::failures;
+}
+
+void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+  auto a = std::make_shared<DoctorArgs>();
+  auto* doc = root.add_subcommand("doctor", "Check that Redis (and PostgreSQL) are fit for locks");
+  doc->footer(kDoctorHelp);
+  doc->fallthrough();
+  doc->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
+  doc->add_option("--pings", a->pings, "PINGs timed for the latency check")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  out.emplace_back(doc, [&g, a] { return run_doctor(g, *a); });
+}
+
+}  // namespace
+
+void add_doctor(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
+}  // namespace jobguard::cli

@@ -1,0 +1,156 @@
+// `jobguard policy`: the lock catalog. `lint` refuses a catalog with a class
+// missing a field or breaking the decision matrix (and, given --redis, a TTL
+// that the fleet's observed hold times contradict); `doc` renders it as one
+// page. A thin layer over jobguard/job/catalog.hpp.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/job/catalog.hpp"
+#include "jobguard/observe/fleet.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::cli {
+namespace {
+
+constexpr const char* kPolicyHelp = R"(The lock catalog: a YAML file declaring every lock class (docs/operations.md).
+
+  jobguard policy lint FILE [--window 60m]
+                                        check every class; with --redis also
+                                        compare each TTL with the fleet's
+                                        observed p99 hold time over the window
+                                        (classes with under 20 holds: skipped)
+  jobguard policy doc FILE [--format md|html] [-o OUT]
+
+lint prints one line per finding, FILE:LINE: error|warning: class 'NAME': WHAT.
+Errors: a missing or unknown field, a malformed value, a duplicate name, a
+declaration that breaks the decision matrix, a TTL (hard timeout for renewing
+classes) under 1.25x the observed p99 hold time. Warning: a TTL over 20x it.
+
+Exit status: 0 no errors (warnings may be printed); 65 at least one error or an
+unreadable FILE; 64 usage; 69 --redis given and Redis unavailable.)";
+
+struct PolicyArgs {
+  std::string file;
+  std::string window = "60m";
+  std::string format = "md";
+  std::string output;
+};
+
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(errc::invalid_argument, fmt::format("{}: cannot read the file", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Each class's p99 hold time as the fleet published it (observe::FleetReader)
+// over the window.
+std::vector<job::ObservedHold> observed_hold_times(const Globals& g, std::chrono::minutes window) {
+  auto conn = redis::parse_url(g.redis_url);
+  if (conn.client_name.empty()) conn.client_name = "jobguard-policy";
+  redis::Client client(conn);
+  try {
+    client.exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
+  } catch (const Error& e) {
+    throw Error(errc::redis_unavailable,
+                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
+  }
+  const auto snap = observe::FleetReader(client).read(window);
+  std::vector<job::ObservedHold> out;
+  for (const auto& c : snap.classes)
+    if (auto p99 = c.hold_quantile_seconds(0.99)) out.push_back({c.lock_class, *p99, c.counts.hold_count()});
+  return out;
+}
+
+int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
+  // A bad --window is a usage error even when the file is bad too.
+  const auto window = observe::parse_window(a.window);
+  std::string text;
+  try {
+    text = read_whole(a.file);
+  } catch (const Error& e) {
+    std::cerr << "jobguard policy lint: " << e.what() << "\n";
+    return exit_code::data;
+  }
+  std::vector<job::CatalogFinding> findings;
+  const auto catalog = job::Catalog::check(text, a.file, findings);
+  if (with_redis) {
+    auto more = job::lint_hold_times(catalog, observed_hold_times(g, window));
+    findings.insert(findings.end(), more.begin(), more.end());
+  }
+  std::size_t errors = 0;
+  for (const auto& f : findings) errors += f.severity == job::CatalogFinding::Severity::error;
+  if (g.json) {
+    auto arr = nlohmann::ordered_json::array();
+    for (const auto& f : findings)
+      arr.push_back({{"file", f.file}, {"line", f.line}, {"class", f.cls},
+                     {"severity", f.severity == job::CatalogFinding::Severity::error ? "error" : "warning"},
+                     {"message", f.message}});
+    std::cout << nlohmann::ordered_json{{"classes", catalog.classes().size()}, {"errors", errors}, {"findings", arr}}
+                     .dump()
+              << "\n";
+  } else {
+    for (const auto& f : findings) std::cout << f.to_string() << "\n";
+    if (errors == 0)
+      std::cout << fmt::format("{}: {} class{} OK{}\n", a.file, catalog.classes().size(),
+                               catalog.classes().size() == 1 ? "" : "es",
+                               findings.empty() ? "" : fmt::format(" ({} warning{})", findings.size(),
+                                                                   findings.size() == 1 ? "" : "s"));
+  }
+  return errors > 0 ? exit_code::data : exit_code::ok;
+}
+
+int run_doc(const PolicyArgs& a) {
+  job::Catalog catalog;
+  try {
+    catalog = job::Catalog::load(a.file);
+  } catch (const Error& e) {
+    std::cerr << "jobguard policy doc: " << e.what() << " (run `jobguard policy lint` for every finding)\n";
+    return exit_code::data;
+  }
+  const auto page = a.format == "html" ? job::render_html(catalog) : job::render_markdown(catalog);
+  if (a.output.empty()) {
+    std::cout << page;
+  } else {
+    std::ofstream out(a.output);
+    if (!out) throw Error(errc::invalid_argument, fmt::format("-o {}: cannot write the file", a.output));
+    out << page;
+  }
+  return exit_code::ok;
+}
+
+void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+  auto a = std::make_shared<PolicyArgs>();
+  auto* policy = root.add_subcommand("policy", "The lock catalog: lint, doc");
+  policy->footer(kPolicyHelp);
+  policy->require_subcommand(1);
+  policy->fallthrough();
+  CLI::Option* redis_opt = root.get_option("--redis");
+
+  auto* lint = policy->add_subcommand("lint", "Check a lock catalog (exit 65 on errors)");
+  lint->fallthrough();
+  lint->add_option("FILE", a->file, "Catalog YAML")->required();
+  lint->add_option("--window", a->window, "With --redis: the fleet window the p99 is taken over (1m, 5m, 15m, 60m)")
+      ->capture_default_str();
+  out.emplace_back(lint, [&g, a, redis_opt] { return run_lint(g, *a, redis_opt->count() > 0); });
+
+  auto* doc = policy->add_subcommand("doc", "Render a lock catalog as one page");
+  doc->fallthrough();
+  doc->add_option("FILE", a->file, "Catalog YAML")->required();
+  doc->add_option("--format", a->format, "md or html")->check(CLI::IsMember({"md", "html"}))->capture_default_str();
+  doc->add_option("-o,--output", a->output, "Write to OUT instead of stdout");
+  out.emplace_back(doc, [a] { return run_doc(*a); });
+}
+
+}  // namespace
+
+void add_policy(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
+}  // namespace jobguard::cli

@@ -1,0 +1,192 @@
+#include "jobguard/admin.hpp"
+
+#include <fmt/format.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <mutex>
+
+#include "jobguard/error.hpp"
+#include "lock/inspect_internal.hpp"
+
+namespace jobguard {
+namespace lock_scripts {
+extern const std::string_view force_release;
+}  // namespace lock_scripts
+
+namespace admin {
+namespace {
+
+const redis::Script& force_release_script() {
+  static const redis::Script s{std::string(lock_scripts::force_release)};
+  return s;
+}
+
+// SCAN MATCH is a glob: a resource prefix holding '*', '?', '[', ']' or '\'
+// must match those bytes literally.
+std::string glob_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::int64_t to_i64(std::string_view s) {
+  std::int64_t v = 0;
+  std::from_chars(s.data(), s.data() + s.size(), v);
+  return v;
+}
+
+// Inspects every resource of one SCAN batch in one pipeline: the requests
+// leave together and the server runs them back to back.
+std::vector<LockInfo> inspect_batch(LockService& service, const std::vector<std::string>& resources) {
+  struct Shared {
+    std::mutex mu;
+    std::vector<LockInfo> out;
+    std::error_code first_error;
+    std::size_t left;
+    std::promise<void> done;
+  };
+  auto sh = std::make_shared<Shared>();
+  sh->left = resources.size();
+  if (resources.empty()) return {};
+  auto fut = sh->done.get_future();
+  for (const auto& r : resources) {
+    service.async_inspect(r, [sh](std::error_code ec, LockInfo info) {
+      std::lock_guard<std::mutex> g(sh->mu);
+      if (ec && !sh->first_error) sh->first_error = ec;
+      if (!ec && info.held) sh->out.push_back(std::move(info));
+      if (--sh->left == 0) sh->done.set_value();
+    });
+  }
+  // Every call has the client's deadline, so every completion runs.
+  fut.wait();
+  std::lock_guard<std::mutex> g(sh->mu);
+  if (sh->first_error)
+    throw Error(sh->first_error, fmt::format("inspecting locks on {}: {}", service.client().address(),
+                                             sh->first_error.message()));
+  return std::move(sh->out);
+}
+
+}  // namespace
+
+std::string audit_key(const KeyBuilder& keys) { return keys.prefix() + ":audit"; }
+
+std::string default_who() {
+  std::string user;
+  if (const char* u = std::getenv("USER"); u && *u) user = u;
+  if (user.empty()) {
+    if (const passwd* pw = ::getpwuid(::geteuid()); pw && pw->pw_name) user = pw->pw_name;
+    else user = fmt::format("uid{}", ::geteuid());
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown-host");
+  return user + "@" + host;
+}
+
+ListResult list_locks(LockService& service, const ListOptions& opts) {
+  if (opts.scan_count == 0) throw Error(errc::invalid_argument, "scan_count must be >= 1");
+  if (service.client().running_in_loop_thread())
+    throw Error(errc::invalid_argument, "list_locks: blocking call on the Redis client's event-loop thread");
+  const auto& keys = service.keys();
+  const std::string match = glob_escape(keys.prefix() + ":lock:{" + opts.prefix) + "*}";
+  const std::string count = std::to_string(opts.scan_count);
+  ListResult res;
+  std::string cursor = "0";
+  do {
+    auto r = service.client().exec(redis::Command{"SCAN", cursor, "MATCH", match, "COUNT", count});
+    ++res.stats.scan_calls;
+    if (!r.is_array() || r.elements.size() != 2 || !r.elements[1].is_array())
+      throw Error(errc::protocol_error, fmt::format("SCAN on {}: unexpected reply {}", service.client().address(),
+                                                    redis::to_debug_string(r)));
+    cursor = r.elements[0].str;
+    std::vector<std::string> batch;
+    for (const auto& k : r.elements[1].elements) {
+      ++res.stats.keys_matched;
+      auto resource = keys.resource_of(k.str);
+      if (!resource) continue;
+      if (opts.filter && !opts.filter(*resource)) continue;
+      batch.push_back(std::move(*resource));
+    }
+    res.stats.inspected += batch.size();
+    for (auto& info : inspect_batch(service, batch)) res.locks.push_back(std::move(info));
+    if (opts.limit > 0 && res.locks.size() >= opts.limit) break;
+  } while (cursor != "0");
+  // SCAN may return a key twice (rehashing): keep one of each.
+  std::sort(res.locks.begin(), res.locks.end(),
+            [](const LockInfo& a, const LockInfo& b) { return a.resource < b.resource; });
+  res.locks.erase(std::unique(res.locks.begin(), res.locks.end(),
+                              [](const LockInfo& a, const LockInfo& b) { return a.resource == b.resource; }),
+                  res.locks.end());
+  if (opts.limit > 0 && res.locks.size() > opts.limit) res.locks.resize(opts.limit);
+  return res;
+}
+
+ForceReleaseResult force_release(LockService& service, std::string_view resource, const ForceReleaseOptions& opts) {
+  if (opts.reason.empty())
+    throw Error(errc::invalid_argument, fmt::format("force release of {}: a reason is required", resource));
+  if (opts.audit_maxlen == 0) throw Error(errc::invalid_argument, "audit_maxlen must be >= 1");
+  const auto& keys = service.keys();
+  const std::string who = opts.who.empty() ? default_who() : opts.who;
+  auto r = service.client().eval(
+      force_release_script(), {keys.lock_key(resource), keys.fence_key(resource), audit_key(keys)},
+      {who, opts.reason, std::string(resource), std::to_string(opts.audit_maxlen), keys.channel(resource),
+       opts.expect_holder});
+  ForceReleaseResult out;
+  if (!r.is_array() || r.elements.empty() || !r.elements[0].is_integer())
+    throw Error(errc::protocol_error,
+                fmt::format("force release of {}: unexpected reply {}", resource, redis::to_debug_string(r)));
+  const auto code = r.elements[0].integer;
+  if (code == 0) return out;
+  out.holder = r.elements.size() > 1 ? r.elements[1].str : "";
+  if (code < 0) {
+    out.outcome = ForceReleaseResult::Outcome::holder_changed;
+    return out;
+  }
+  if (r.elements.size() != 5)
+    throw Error(errc::protocol_error,
+                fmt::format("force release of {}: unexpected reply {}", resource, redis::to_debug_string(r)));
+  out.outcome = ForceReleaseResult::Outcome::released;
+  out.ttl_left = std::chrono::milliseconds(r.elements[2].integer);
+  out.new_fence = to_i64(r.elements[3].str);
+  out.audit_id = r.elements[4].str;
+  return out;
+}
+
+std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
+  if (count == 0) return {};
+  auto r = service.client().exec(
+      redis::Command{"XREVRANGE", audit_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
+  std::vector<AuditRecord> out;
+  if (!r.is_array()) return out;
+  for (const auto& entry : r.elements) {
+    if (!entry.is_array() || entry.elements.size() != 2) continue;
+    AuditRecord a;
+    a.id = entry.elements[0].str;
+    a.at_ms = to_i64(std::string_view(a.id).substr(0, a.id.find('-')));
+    const auto& f = entry.elements[1].elements;
+    for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
+      const auto& name = f[i].str;
+      const auto& v = f[i + 1].str;
+      if (name == "resource") a.resource = v;
+      else if (name == "holder") a.holder = v;
+      else if (name == "who") a.who = v;
+      else if (name == "reason") a.reason = v;
+      else if (name == "fence") a.fence = to_i64(v);
+      else if (name == "ttl_left_ms") a.ttl_left_ms = to_i64(v);
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+}  // namespace admin
+}  // namespace jobguard

@@ -1,0 +1,420 @@
+#include "jobguard/observe/doctor.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <functional>
+#include <future>
+#include <memory>
+#include <map>
+#include <sstream>
+
+#include "jobguard/error.hpp"
+#include "jobguard/guard/postgres.hpp"
+#include "jobguard/redis/script.hpp"
+
+namespace jobguard::observe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+using Info = std::map<std::string, std::string>;
+
+CheckResult ok(std::string name, std::string detail) { return {std::move(name), CheckStatus::ok, std::move(detail), {}}; }
+CheckResult warn(std::string name, std::string detail, std::string advice) {
+  return {std::move(name), CheckStatus::warn, std::move(detail), std::move(advice)};
+}
+CheckResult fail(std::string name, std::string detail, std::string advice) {
+  return {std::move(name), CheckStatus::fail, std::move(detail), std::move(advice)};
+}
+
+Info parse_info(const std::string& text) {
+  Info m;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    m[line.substr(0, colon)] = line.substr(colon + 1);
+  }
+  return m;
+}
+
+std::string get(const Info& i, const std::string& k) {
+  auto it = i.find(k);
+  return it == i.end() ? std::string() : it->second;
+}
+
+std::int64_t to_i64(std::string_view s, std::int64_t dflt = 0) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() ? v : dflt;
+}
+
+// "ip=127.0.0.1,port=6380,state=online,offset=42,lag=0" -> fields.
+std::map<std::string, std::string> parse_fields(const std::string& s) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(s);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const auto eq = part.find('=');
+    if (eq != std::string::npos) m[part.substr(0, eq)] = part.substr(eq + 1);
+  }
+  return m;
+}
+
+std::string ms_text(double ms) { return ms < 10 ? fmt::format("{:.2f} ms", ms) : fmt::format("{:.0f} ms", ms); }
+
+CheckResult check_role(const Info& info) {
+  const auto role = get(info, "role");
+  if (role == "slave")
+    return fail("role", fmt::format("this server is a replica of {}:{}", get(info, "master_host"), get(info, "master_port")),
+                "point --redis at the primary: a replica refuses lock writes (READONLY), or with "
+                "replica-read-only no accepts locks that its primary never sees");
+  return ok("role", role.empty() ? "primary" : role);
+}
+
+CheckResult check_replicas(const Info& info, const DoctorOptions& o) {
+  const auto n = to_i64(get(info, "connected_slaves"));
+  if (n == 0)
+    return ok("replicas", "none: locks live on this one server (a crash loses them unless it persists them)");
+  std::vector<std::string> parts, bad;
+  for (std::int64_t i = 0; i < n; ++i) {
+    auto f = parse_fields(get(info, fmt::format("slave{}", i)));
+    const auto lag = to_i64(f["lag"], -1);
+    parts.push_back(fmt::format("{}:{} {} lag {}s", f["ip"], f["port"], f["state"], lag));
+    if (f["state"] != "online" || lag < 0 || lag >= o.replica_lag_warn.count()) bad.push_back(parts.back());
+  }
+  const auto all = fmt::format("{} replica(s): {}", n, fmt::join(parts, "; "));
+  if (!bad.empty())
+    return warn("replicas", all,
+                "a failover to a lagging or offline replica loses the locks granted since its last sync "
+                "(two holders); fix the replication link before relying on failover");
+  return ok("replicas", all + " (replication is asynchronous: a failover can still lose the newest grants)");
+}
+
+CheckResult check_eviction(const Info& info) {
+  const auto policy = get(info, "maxmemory_policy");
+  const auto maxmemory = to_i64(get(info, "maxmemory"));
+  const bool evicts = policy.rfind("allkeys-", 0) == 0 || policy.rfind("volatile-", 0) == 0;
+  if (!evicts) return ok("eviction", fmt::format("maxmemory-policy {}", policy.empty() ? "unknown" : policy));
+  const std::string advice =
+      "set maxmemory-policy noeviction: an evicted lock key lets a second holder in while the first still runs "
+      "(lock keys carry a TTL, so volatile-* policies pick them too)";
+  if (maxmemory == 0)
+    return warn("eviction", fmt::format("maxmemory-policy {} with no maxmemory: nothing is evicted yet", policy),
+                advice + "; it takes effect as soon as maxmemory is set");
+  return fail("eviction", fmt::format("maxmemory-policy {} with maxmemory {} bytes evicts lock keys", policy, maxmemory),
+              advice);
+}
+
+CheckResult check_evicted(const Info& info) {
+  const auto n = to_i64(get(info, "evicted_keys"));
+  if (n > 0)
+    return fail("evicted_keys", fmt::format("{} keys evicted since the last stats reset", n),
+                "memory pressure has evicted keys, possibly held locks (and with them mutual exclusion): set "
+                "noeviction, give the server memory, then CONFIG RESETSTAT");
+  return ok("evicted_keys", "0");
+}
+
+CheckResult check_persistence(redis::Client& c, const Info& info) {
+  const bool aof = get(info, "aof_enabled") == "1";
+  std::string save = "unknown";
+  try {
+    auto r = c.exec(redis::Command{"CONFIG", "GET", "save"});
+    if (r.is_array() && r.elements.size() == 2) save = r.elements[1].str;
+  } catch (const Error&) {
+    // CONFIG may be renamed or denied by ACL: judge from AOF alone then.
+  }
+  if (aof) return ok("persistence", fmt::format("AOF on (appendfsync {}); RDB save \"{}\"", get(info, "aof_fsync"), save));
+  if (save == "unknown")
+    return warn("persistence", "AOF off; RDB save points unknown (CONFIG GET save refused)",
+                "check the server's save setting: without persistence a restart forgets every lock");
+  if (!save.empty())
+    return ok("persistence", fmt::format("RDB snapshots only (save \"{}\"): a restart loses the locks granted "
+                                         "since the last snapshot",
+                                         save));
+  return warn("persistence", "no RDB snapshots and no AOF: a restart forgets every held lock",
+              "after a restart a second holder can take a lock whose first holder still runs; enable appendonly "
+              "yes, or make the restart take longer than the longest lock TTL (fences survive: they are never "
+              "below the server clock)");
+}
+
+CheckResult check_lua(redis::Client& c) {
+  try {
+    static const redis::Script probe{"return 1"};
+    auto r = c.eval(probe, {}, {});
+    if (r.is_integer() && r.integer == 1) return ok("lua", "EVAL runs scripts");
+    return fail("lua", fmt::format("EVAL returned {}", redis::to_debug_string(r)), "jobguard's locks are Lua scripts");
+  } catch (const Error& e) {
+    return fail("lua", fmt::format("EVAL refused: {}", e.what()),
+                "every jobguard lock operation is a Lua script: allow EVAL/EVALSHA for jobguard's user "
+                "(ACL SETUSER ... +@scripting) and do not rename them");
+  }
+}
+
+CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
+  const std::string probe = o.key_prefix + ":doctor:{probe}";
+  const std::string audit = o.key_prefix + ":doctor:{probe}:audit";
+  const std::string chan = o.key_prefix + ":released:{probe}";
+  // The fleet numbers (observe::FleetPublisher) live under their own hash tag.
+  const std::string fleet = "{" + o.key_prefix + ":fleet}:doctor-probe";
+  static const redis::Script get_script{"return redis.call('GET', KEYS[1])"};
+  struct Step {
+    const char* what;
+    std::vector<std::string> cmd;
+  };
+  const std::vector<Step> steps{
+      {"SET", {"SET", probe, "doctor", "NX", "PX", "10000"}},
+      {"GET", {"GET", probe}},
+      {"PEXPIRE", {"PEXPIRE", probe, "10000"}},
+      {"PTTL", {"PTTL", probe}},
+      {"EVAL", {"EVAL", get_script.source(), "1", probe}},
+      {"EVALSHA", {"EVALSHA", get_script.sha1(), "1", probe}},
+      {"PUBLISH", {"PUBLISH", chan, "doctor"}},
+      {"SCAN", {"SCAN", "0", "MATCH", o.key_prefix + ":lock:{*", "COUNT", "10"}},
+      {"XADD", {"XADD", audit, "MAXLEN", "~", "10", "*", "doctor", "1"}},
+      {"XREVRANGE", {"XREVRANGE", audit, "+", "-", "COUNT", "1"}},
+      {"TIME", {"TIME"}},
+      {"HINCRBY (fleet keys)", {"HINCRBY", fleet, "doctor", "1"}},
+      {"DEL", {"DEL", probe, audit}},
+      {"DEL (fleet keys)", {"DEL", fleet}},
+  };
+  std::vector<std::string> denied;
+  std::string first;
+  for (const auto& s : steps) {
+    try {
+      c.exec(redis::Command(s.cmd));
+    } catch (const Error& e) {
+      denied.push_back(s.what);
+      if (first.empty()) first = e.what();
+    }
+  }
+  const std::string user = c.options().user.empty() ? "default" : c.options().user;
+  if (denied.empty())
+    return ok("acl", fmt::format("user {} may run every command jobguard sends on {}:* keys and channels "
+                                 "and the fleet keys {{{}:fleet}}:*",
+                                 user, o.key_prefix, o.key_prefix));
+  return fail("acl", fmt::format("user {} was refused {} (first: {})", user, fmt::join(denied, ", "), first),
+              fmt::format("grant them, e.g. ACL SETUSER {} ~{}:* ~{{{}:fleet}}:* &{}:* +@read +@write +@scripting "
+                          "+publish +subscribe +scan +time +info +ping",
+                          user, o.key_prefix, o.key_prefix, o.key_prefix));
+}
+
+CheckResult latency_check(redis::Client& c, const DoctorOptions& o) {
+  std::vector<double> ms;
+  for (int i = 0; i < o.pings; ++i) {
+    const auto t0 = Clock::now();
+    c.exec(redis::Command{"PING"});
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2], max = ms.back();
+  const auto detail = fmt::format("PING median {}, max {} over {}", ms_text(median), ms_text(max), ms.size());
+  const double w = static_cast<double>(o.latency_warn.count()), f = static_cast<double>(o.latency_fail.count());
+  if (median >= f || max >= f)
+    return fail("latency", detail,
+                "every acquire, renewal and release pays this; a lease renews every ttl/3, so with round trips this "
+                "slow short TTLs expire under their holders: move the client next to Redis or find what stalls it");
+  if (median >= w)
+    return warn("latency", detail,
+                "slow for locks: keep lock TTLs well above it (and check for slow commands: SLOWLOG GET)");
+  return ok("latency", detail);
+}
+
+CheckResult clock_check(redis::Client& c, const DoctorOptions& o) {
+  std::function<std::chrono::system_clock::time_point()> now = o.now;
+  if (!now) now = [] { return std::chrono::system_clock::now(); };
+  const auto t0 = now();
+  auto r = c.exec(redis::Command{"TIME"});
+  const auto t1 = now();
+  if (!r.is_array() || r.elements.size() != 2)
+    return fail("clock", fmt::format("TIME returned {}", redis::to_debug_string(r)), "");
+  const std::int64_t server_us = to_i64(r.elements[0].str) * 1000000 + to_i64(r.elements[1].str);
+  const auto mid = t0 + (t1 - t0) / 2;
+  const std::int64_t local_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(mid.time_since_epoch()).count();
+  const auto offset = milliseconds((server_us - local_us) / 1000);
+  const auto abs = offset < milliseconds(0) ? -offset : offset;
+  const auto rtt = std::chrono::duration_cast<milliseconds>(t1 - t0);
+  const auto detail = fmt::format("server clock {} {} ms {} this host's (round trip {} ms)", "is", abs.count(),
+                                  offset.count() >= 0 ? "ahead of" : "behind", rtt.count());
+  const std::string advice =
+      "run NTP on both hosts: Redis expires keys by its wall clock, so a server clock that is stepped forward "
+      "expires held locks early; audit times and lock ages are server times";
+  if (abs >= o.clock_fail) return fail("clock", detail, advice);
+  if (abs >= o.clock_warn) return warn("clock", detail, advice);
+  return ok("clock", detail);
+}
+
+CheckResult check_cluster(const Info& info) {
+  if (get(info, "cluster_enabled") == "1")
+    return fail("cluster", "cluster mode is enabled",
+                "jobguard's client talks to one node and does not follow MOVED/ASK redirects: locks whose slot "
+                "lives on another node fail; use a standalone primary (with replicas) for locks");
+  return ok("cluster", "standalone");
+}
+
+CheckResult check_shared(redis::Client& c, const Info& info, const DoctorOptions& o) {
+  (void)info;
+  const auto total = c.exec(redis::Command{"DBSIZE"}).integer;
+  if (total < o.shared_min_keys || o.shared_samples <= 0)
+    return ok("shared_workload", fmt::format("{} keys in this database", total));
+  std::vector<std::future<redis::Reply>> futs;
+  for (int i = 0; i < o.shared_samples; ++i) futs.push_back(c.exec_future(redis::Command{"RANDOMKEY"}));
+  int sampled = 0, foreign = 0;
+  const std::string ours = o.key_prefix + ":";
+  for (auto& f : futs) {
+    auto r = f.get();
+    if (!r.is_string()) continue;
+    ++sampled;
+    if (r.str.rfind(ours, 0) != 0) ++foreign;
+  }
+  const double share = sampled ? static_cast<double>(foreign) / sampled : 0;
+  const auto detail = fmt::format("{} keys; {} of {} sampled keys are outside {}:* (~{:.0f}%)", total, foreign, sampled,
+                                  ours, share * 100);
+  if (share >= o.shared_foreign_share)
+    return warn("shared_workload", detail,
+                "another workload (a cache?) shares this server: its memory pressure evicts or refuses lock "
+                "writes and its slow commands delay renewals; give locks their own Redis, or at least noeviction");
+  return ok("shared_workload", detail);
+}
+
+}  // namespace
+
+CheckResult check_latency(redis::Client& c, const DoctorOptions& o) {
+  if (o.pings < 1) throw Error(errc::invalid_argument, "doctor: pings must be >= 1");
+  return latency_check(c, o);
+}
+CheckResult check_clock(redis::Client& c, const DoctorOptions& o) { return clock_check(c, o); }
+
+const char* to_string(CheckStatus s) noexcept {
+  switch (s) {
+    case CheckStatus::ok: return "OK";
+    case CheckStatus::warn: return "WARN";
+    case CheckStatus::fail: return "FAIL";
+  }
+  return "?";
+}
+
+CheckStatus worst(const std::vector<CheckResult>& results) noexcept {
+  CheckStatus w = CheckStatus::ok;
+  for (const auto& r : results)
+    if (static_cast<int>(r.status) > static_cast<int>(w)) w = r.status;
+  return w;
+}
+
+std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
+  if (o.pings < 1) throw Error(errc::invalid_argument, "doctor: pings must be >= 1");
+  std::vector<CheckResult> out;
+  Info info;
+  try {
+    c.exec(redis::Command{"PING"});
+    info = parse_info(c.exec(redis::Command{"INFO"}).str);
+  } catch (const Error& e) {
+    out.push_back(fail("connection", fmt::format("{}: {}", c.address(), e.what()),
+                       "check the URL, the network and the server; jobs of fail-closed classes do not run meanwhile"));
+    return out;
+  }
+  out.push_back(ok("connection", fmt::format("{}: redis {}", c.address(), get(info, "redis_version"))));
+  // Each check stands alone: one that errors is reported, the others still run.
+  auto guarded = [&](const char* name, auto fn) {
+    try {
+      out.push_back(fn());
+    } catch (const Error& e) {
+      out.push_back(fail(name, fmt::format("the check failed: {}", e.what()), "see the error"));
+    }
+  };
+  guarded("role", [&] { return check_role(info); });
+  guarded("replicas", [&] { return check_replicas(info, o); });
+  guarded("eviction", [&] { return check_eviction(info); });
+  guarded("evicted_keys", [&] { return check_evicted(info); });
+  guarded("persistence", [&] { return check_persistence(c, info); });
+  guarded("lua", [&] { return check_lua(c); });
+  guarded("acl", [&] { return check_acl(c, o); });
+  guarded("latency", [&] { return check_latency(c, o); });
+  guarded("clock", [&] { return check_clock(c, o); });
+  guarded("cluster", [&] { return check_cluster(info); });
+  guarded("shared_workload", [&] { return check_shared(c, info, o); });
+  return out;
+}
+
+std::vector<CheckResult> check_postgres(const std::string& url, const DoctorOptions& o) {
+  std::vector<CheckResult> out;
+  std::unique_ptr<guard::PgConnection> conn;
+  try {
+    guard::PgOptions po;
+    po.url = url;
+    po.application_name = "jobguard-doctor";
+    conn = std::make_unique<guard::PgConnection>(po);
+    auto v = conn->exec("SELECT current_setting('server_version')");
+    out.push_back(ok("pg_connection", fmt::format("PostgreSQL {}", v.rows.at(0).at(0).value_or("?"))));
+  } catch (const std::exception& e) {
+    out.push_back(fail("pg_connection", e.what(), "check the URL, the network and the server"));
+    return out;
+  }
+  auto guarded = [&](const char* name, auto fn) {
+    try {
+      out.push_back(fn());
+    } catch (const std::exception& e) {
+      out.push_back(fail(name, fmt::format("the check failed: {}", e.what()), "see the error"));
+    }
+  };
+  guarded("pg_role", [&] {
+    auto r = conn->exec("SELECT pg_is_in_recovery()");
+    if (r.rows.at(0).at(0).value_or("f") == "t")
+      return fail("pg_role", "this server is a standby (in recovery)",
+                  "point --postgres at the primary: completion records and fenced writes need to write");
+    return ok("pg_role", "primary");
+  });
+  guarded("pg_schema", [&] {
+    auto r = conn->exec(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name IN "
+        "('jobguard_fences','jobguard_completions','jobguard_idempotency','jobguard_schema_version')");
+    const auto n = to_i64(r.rows.at(0).at(0).value_or("0"));
+    if (n < 4)
+      return fail("pg_schema", fmt::format("{} of the 4 jobguard tables exist", n),
+                  "run `jobguard pg migrate` (the guards never create tables on first use)");
+    return ok("pg_schema", "the jobguard tables exist");
+  });
+  guarded("pg_advisory_locks", [&] {
+    const bool got = conn->try_advisory_lock("jobguard-doctor-probe");
+    if (got) conn->advisory_unlock("jobguard-doctor-probe");
+    return got ? ok("pg_advisory_locks", "pg_try_advisory_lock works")
+               : warn("pg_advisory_locks", "the probe advisory lock was busy (another doctor running?)", "run again");
+  });
+  guarded("pg_latency", [&] {
+    std::vector<double> ms;
+    for (int i = 0; i < o.pings; ++i) {
+      const auto t0 = Clock::now();
+      conn->exec("SELECT 1");
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const auto detail = fmt::format("SELECT 1 median {}, max {}", ms_text(ms[ms.size() / 2]), ms_text(ms.back()));
+    if (ms[ms.size() / 2] >= static_cast<double>(o.latency_warn.count()))
+      return warn("pg_latency", detail, "every completion record and fenced write pays this round trip");
+    return ok("pg_latency", detail);
+  });
+  guarded("pg_clock", [&] {
+    std::function<std::chrono::system_clock::time_point()> now = o.now;
+    if (!now) now = [] { return std::chrono::system_clock::now(); };
+    const auto t0 = now();
+    auto r = conn->exec("SELECT (extract(epoch from clock_timestamp()) * 1000000)::bigint");
+    const auto t1 = now();
+    const auto local_us =
+        std::chrono::duration_cast<std::chrono::microseconds>((t0 + (t1 - t0) / 2).time_since_epoch()).count();
+    const auto off = milliseconds((to_i64(r.rows.at(0).at(0).value_or("0")) - local_us) / 1000);
+    const auto abs = off < milliseconds(0) ? -off : off;
+    const auto detail = fmt::format("server clock {} ms {} this host's", abs.count(), off.count() >= 0 ? "ahead of" : "behind");
+    if (abs >= o.clock_warn) return warn("pg_clock", detail, "run NTP on both hosts: record times are server times");
+    return ok("pg_clock", detail);
+  });
+  return out;
+}
+
+}  // namespace jobguard::observe

@@ -1,0 +1,256 @@
+// `jobguard doctor`'s checks, each against a real redis-server configured the
+// bad way (and a healthy one), and the PostgreSQL checks against a real server.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "jobguard/embedded_redis.hpp"
+#include "jobguard/guard/postgres.hpp"
+#include "jobguard/observe/doctor.hpp"
+#include "support/postgres_fixture.hpp"
+#include "support/redis_fixture.hpp"
+
+namespace jobguard::observe {
+namespace {
+
+using namespace std::chrono_literals;
+
+redis::ConnectionOptions options_for(const EmbeddedRedis& s) {
+  redis::ConnectionOptions o;
+  o.host = s.host();
+  o.port = s.port();
+  o.command_timeout = 3s;
+  o.connect_timeout = 2s;
+  return o;
+}
+
+std::unique_ptr<EmbeddedRedis> start(std::vector<std::string> args, bool persistence = false) {
+  EmbeddedRedisOptions o;
+  o.extra_args = std::move(args);
+  o.persistence = persistence;
+  auto s = std::make_unique<EmbeddedRedis>(o);
+  s->start();
+  return s;
+}
+
+const CheckResult& find(const std::vector<CheckResult>& rs, const std::string& name) {
+  auto it = std::find_if(rs.begin(), rs.end(), [&](const CheckResult& r) { return r.name == name; });
+  if (it == rs.end()) throw std::runtime_error("no check " + name);
+  return *it;
+}
+
+std::string dump(const std::vector<CheckResult>& rs) {
+  std::string s;
+  for (const auto& r : rs) s += std::string(to_string(r.status)) + " " + r.name + ": " + r.detail + " -> " + r.advice + "\n";
+  return s;
+}
+
+std::vector<CheckResult> doctor(const EmbeddedRedis& s, redis::ConnectionOptions o, DoctorOptions d = {}) {
+  (void)s;
+  redis::Client c(o);
+  c.wait_connected(2s);
+  return check_redis(c, d);
+}
+
+TEST(Doctor, AHealthyServerPassesEveryConfigurationCheck) {
+  auto s = start({"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, true);
+  const auto rs = doctor(*s, options_for(*s));
+  for (const char* name : {"connection", "role", "replicas", "eviction", "evicted_keys", "persistence", "lua", "acl",
+                           "clock", "cluster", "shared_workload"})
+    EXPECT_EQ(find(rs, name).status, CheckStatus::ok) << name << "\n" << dump(rs);
+  // Latency depends on this shared machine's load; it must at least be measured.
+  EXPECT_NE(find(rs, "latency").detail.find("PING median"), std::string::npos);
+  // The probe cleaned up after itself.
+  EXPECT_EQ(test::redis_command_at(s->host(), s->port(), "DBSIZE"), "0");
+}
+
+TEST(Doctor, AllkeysAndVolatileEvictionPoliciesFail) {
+  for (const char* policy : {"allkeys-lru", "volatile-ttl", "allkeys-random", "volatile-lfu"}) {
+    auto s = start({"--maxmemory", "100mb", "--maxmemory-policy", policy});
+    const auto rs = doctor(*s, options_for(*s));
+    EXPECT_EQ(find(rs, "eviction").status, CheckStatus::fail) << policy << "\n" << dump(rs);
+    EXPECT_NE(find(rs, "eviction").advice.find("noeviction"), std::string::npos);
+  }
+}
+
+TEST(Doctor, AnEvictingPolicyWithoutMaxmemoryWarns) {
+  auto s = start({"--maxmemory-policy", "allkeys-lru"});
+  EXPECT_EQ(find(doctor(*s, options_for(*s)), "eviction").status, CheckStatus::warn);
+}
+
+TEST(Doctor, EvictedKeysFail) {
+  auto s = start({"--maxmemory", "2mb", "--maxmemory-policy", "allkeys-random"});
+  const std::string big(4096, 'x');
+  redis::Client c(options_for(*s));
+  ASSERT_TRUE(c.wait_connected(2s));
+  for (int i = 0; i < 2000 && test::redis_command_at(s->host(), s->port(), "INFO stats").find("evicted_keys:0") !=
+                                  std::string::npos;
+       ++i)
+    c.exec(redis::Command{"SET", "cache:" + std::to_string(i), big});
+  const auto rs = check_redis(c);
+  EXPECT_EQ(find(rs, "evicted_keys").status, CheckStatus::fail) << dump(rs);
+}
+
+TEST(Doctor, NoPersistenceWarnsAndRdbOrAofIsOk) {
+  auto none = start({});  // the fixture's default: --save "" --appendonly no
+  const auto rs = doctor(*none, options_for(*none));
+  EXPECT_EQ(find(rs, "persistence").status, CheckStatus::warn) << dump(rs);
+  EXPECT_NE(find(rs, "persistence").advice.find("restart"), std::string::npos);
+  auto rdb = start({}, true);
+  EXPECT_EQ(find(doctor(*rdb, options_for(*rdb)), "persistence").status, CheckStatus::ok);
+}
+
+TEST(Doctor, AReplicaFailsTheRoleCheckAndThePrimaryListsIt) {
+  auto primary = start({});
+  auto replica = start({"--replicaof", primary->host(), std::to_string(primary->port())});
+  const auto rs = doctor(*replica, options_for(*replica));
+  EXPECT_EQ(find(rs, "role").status, CheckStatus::fail) << dump(rs);
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        return test::redis_command_at(primary->host(), primary->port(), "INFO replication").find("state=online") !=
+               std::string::npos;
+      },
+      10s));
+  const auto prs = doctor(*primary, options_for(*primary));
+  EXPECT_EQ(find(prs, "role").status, CheckStatus::ok);
+  EXPECT_EQ(find(prs, "replicas").status, CheckStatus::ok) << dump(prs);
+  EXPECT_NE(find(prs, "replicas").detail.find("1 replica(s)"), std::string::npos);
+  // A replica that stops acknowledging (SIGSTOP) lags: WARN.
+  replica->pause();
+  redis::Client c(options_for(*primary));
+  ASSERT_TRUE(c.wait_connected(2s));
+  EXPECT_TRUE(test::eventually([&] { return find(check_redis(c), "replicas").status == CheckStatus::warn; }, 15s));
+  replica->resume();
+}
+
+TEST(Doctor, LuaAndPermissionsRefusedByAclFail) {
+  auto s = start({});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "ACL SETUSER noscript on >pw ~* &* +@all -eval -evalsha"),
+            "OK");
+  auto o = options_for(*s);
+  o.user = "noscript";
+  o.password = "pw";
+  const auto rs = doctor(*s, o);
+  EXPECT_EQ(find(rs, "lua").status, CheckStatus::fail) << dump(rs);
+  EXPECT_EQ(find(rs, "acl").status, CheckStatus::fail);
+  EXPECT_NE(find(rs, "acl").detail.find("EVAL, EVALSHA"), std::string::npos) << find(rs, "acl").detail;
+  EXPECT_EQ(find(rs, "acl").detail.find("PUBLISH"), std::string::npos);
+}
+
+TEST(Doctor, KeysOutsideThePermittedPatternFailTheAclCheck) {
+  auto s = start({});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "ACL SETUSER cacheonly on >pw ~cache:* &* +@all"), "OK");
+  auto o = options_for(*s);
+  o.user = "cacheonly";
+  o.password = "pw";
+  const auto rs = doctor(*s, o);
+  const auto& acl = find(rs, "acl");
+  EXPECT_EQ(acl.status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(acl.detail.find("SET"), std::string::npos) << acl.detail;
+  EXPECT_NE(acl.detail.find("cacheonly"), std::string::npos);
+  EXPECT_EQ(find(rs, "lua").status, CheckStatus::ok);  // EVAL itself is allowed
+}
+
+TEST(Doctor, AUserWithoutTheFleetKeysFailsTheAclCheck) {
+  auto s = start({});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "ACL SETUSER locksonly on >pw ~jobguard:* &* +@all"), "OK");
+  auto o = options_for(*s);
+  o.user = "locksonly";
+  o.password = "pw";
+  const auto rs = doctor(*s, o);
+  const auto& acl = find(rs, "acl");
+  EXPECT_EQ(acl.status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(acl.detail.find("HINCRBY (fleet keys)"), std::string::npos) << acl.detail;
+  EXPECT_EQ(acl.detail.find("SET,"), std::string::npos) << acl.detail;  // the lock keys themselves are allowed
+  EXPECT_NE(acl.advice.find("~{jobguard:fleet}:*"), std::string::npos) << acl.advice;
+}
+
+TEST(Doctor, AStalledServerFailsTheLatencyCheck) {
+  auto s = start({});
+  redis::Client c(options_for(*s));
+  ASSERT_TRUE(c.wait_connected(2s));
+  s->pause();  // SIGSTOP: the PING cannot be answered before resume
+  std::optional<CheckResult> r;
+  std::thread t([&] { r = check_latency(c, DoctorOptions{.pings = 1}); });
+  std::this_thread::sleep_for(400ms);
+  s->resume();
+  t.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, CheckStatus::fail) << r->detail;
+}
+
+TEST(Doctor, AClockOffsetWarnsThenFails) {
+  auto s = start({});
+  redis::Client c(options_for(*s));
+  ASSERT_TRUE(c.wait_connected(2s));
+  auto skewed = [](std::chrono::milliseconds by) {
+    DoctorOptions o;
+    o.now = [by] { return std::chrono::system_clock::now() + by; };
+    return o;
+  };
+  EXPECT_EQ(check_clock(c, skewed(0ms)).status, CheckStatus::ok);
+  const auto w = check_clock(c, skewed(2s));
+  EXPECT_EQ(w.status, CheckStatus::warn) << w.detail;
+  EXPECT_NE(w.detail.find("behind"), std::string::npos) << w.detail;  // the server is behind our (skewed) clock
+  EXPECT_EQ(check_clock(c, skewed(-60s)).status, CheckStatus::fail);
+}
+
+TEST(Doctor, ClusterModeFails) {
+  const auto bus = pick_free_port();
+  auto s = start({"--cluster-enabled", "yes", "--cluster-port", std::to_string(bus)});
+  const auto rs = doctor(*s, options_for(*s));
+  EXPECT_EQ(find(rs, "cluster").status, CheckStatus::fail) << dump(rs);
+}
+
+TEST(Doctor, AServerFullOfOtherKeysWarnsOfASharedWorkload) {
+  auto s = start({"--enable-debug-command", "yes"});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "DEBUG POPULATE 5000 cache"), "OK");
+  EXPECT_EQ(find(doctor(*s, options_for(*s)), "shared_workload").status, CheckStatus::warn);
+  auto ours = start({"--enable-debug-command", "yes"});
+  ASSERT_EQ(test::redis_command_at(ours->host(), ours->port(), "DEBUG POPULATE 5000 jobguard:lock"), "OK");
+  EXPECT_EQ(find(doctor(*ours, options_for(*ours)), "shared_workload").status, CheckStatus::ok);
+}
+
+TEST(Doctor, AnUnreachableServerIsOneConnectionFailure) {
+  redis::ConnectionOptions o;
+  o.port = pick_free_port();  // nobody listens there
+  o.command_timeout = 300ms;
+  o.connect_timeout = 300ms;
+  redis::Client c(o);
+  const auto rs = check_redis(c);
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].name, "connection");
+  EXPECT_EQ(rs[0].status, CheckStatus::fail);
+  EXPECT_EQ(worst(rs), CheckStatus::fail);
+}
+
+class DoctorPg : public test::PostgresTest {};
+
+TEST_F(DoctorPg, AnUnmigratedDatabaseFailsTheSchemaCheckAndAMigratedOnePasses) {
+  const auto db = name("doc");
+  guard::PgConnection admin(pg_options());
+  admin.exec("DROP DATABASE IF EXISTS " + db);
+  admin.exec("CREATE DATABASE " + db);
+  const auto base = pg_options().url;
+  const auto url = base.substr(0, base.rfind('/') + 1) + db;
+  auto rs = check_postgres(url);
+  EXPECT_EQ(find(rs, "pg_connection").status, CheckStatus::ok) << dump(rs);
+  EXPECT_EQ(find(rs, "pg_role").status, CheckStatus::ok);
+  EXPECT_EQ(find(rs, "pg_schema").status, CheckStatus::fail);
+  EXPECT_NE(find(rs, "pg_schema").advice.find("jobguard pg migrate"), std::string::npos);
+  EXPECT_EQ(find(rs, "pg_advisory_locks").status, CheckStatus::ok);
+  guard::pg_migrate(url);
+  rs = check_postgres(url);
+  EXPECT_EQ(find(rs, "pg_schema").status, CheckStatus::ok) << dump(rs);
+  EXPECT_EQ(find(rs, "pg_clock").status, CheckStatus::ok);
+}
+
+TEST(DoctorPgDown, AnUnreachablePostgresIsOneFailure) {
+  const auto rs = check_postgres("postgresql://postgres@127.0.0.1:" + std::to_string(pick_free_port()) + "/postgres");
+  ASSERT_EQ(rs.size(), 1u);
+  EXPECT_EQ(rs[0].status, CheckStatus::fail);
+}
+
+}  // namespace
+}  // namespace jobguard::observe
