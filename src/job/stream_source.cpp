@@ -166,7 +166,8 @@ std::int64_t StreamSource::deliveries(std::string_view id) {
 }
 
 std::int64_t StreamSource::pending_count() {
-  Reply r = exec_group(Command{"XPENDING", opts_.stream, opts_.group}, opts_.call_timeout, false);
+  // Inspection: a missing group is reported (NOGROUP), never created here.
+  Reply r = client_.exec(Command{"XPENDING", opts_.stream, opts_.group}, CallOptions{opts_.call_timeout});
   if (!r.is_array() || r.elements.empty()) return 0;
   return r.elements[0].integer;
 }

@@ -471,12 +471,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // Counted per call in Client::Impl::submit, before its completion runs,
       // so a caller that saw its timeout also sees it in stats().
       const std::size_t expired = self->mux_.expire(Clock::now(), code, detail);
+      // Calls whose deadlines pass in the same sweep (a pipelined burst
+      // against a server stalled for a moment) count once: a stalled server
+      // answers them all later on this connection, a frozen link never does.
       if (up && expired > 0 && self->opts_.recycle_after_timeouts > 0 &&
-          (self->consecutive_timeouts_ += expired) >= static_cast<std::size_t>(self->opts_.recycle_after_timeouts)) {
+          ++self->consecutive_timeouts_ >= static_cast<std::size_t>(self->opts_.recycle_after_timeouts)) {
         // A frozen link (a dead NAT entry, a peer that stopped reading) may
         // take TCP many minutes to notice; a fresh connection usually works.
         const std::string why =
-            fmt::format("{} calls in a row to {} got no reply before their deadline; connection recycled",
+            fmt::format("{} timeouts in a row on {} with no reply in between; connection recycled",
                         self->consecutive_timeouts_, self->where_);
         self->consecutive_timeouts_ = 0;
         self->stats_->recycled.fetch_add(1, std::memory_order_relaxed);

@@ -97,9 +97,11 @@ class StreamSource {
   // A group or stream that vanished (NOGROUP after a Redis restart without
   // persistence or a DEL of the stream; UNBLOCKED when the stream was deleted
   // under a blocked read) is recreated from id 0 and the call ends empty:
-  // next(), reclaim(), ack(), deliveries() and pending_count() all survive
+  // next(), reclaim(), ack(), deliveries() and fail() all survive
   // it, so a worker keeps working. Jobs pending in the lost group are lost
-  // with it (Redis lost them); jobs added afterwards are delivered.
+  // with it (Redis lost them); jobs added afterwards are delivered. The
+  // inspection calls (pending_count(), pending()) never create the group:
+  // they throw the NOGROUP error.
   std::optional<StreamJob> next(std::string_view consumer);
   // One XAUTOCLAIM scan now, regardless of when the last one ran.
   std::optional<StreamJob> reclaim(std::string_view consumer);

@@ -77,10 +77,13 @@ struct ConnectionOptions {
   std::chrono::seconds keepalive_idle{15};
   std::chrono::seconds keepalive_interval{5};
   int keepalive_probes = 3;
-  // A ready connection on which this many calls in a row reached their
-  // deadline without any reply in between is closed and replaced (logged as
-  // a warning): a frozen link would otherwise time every call out forever,
-  // since TCP may not notice for many minutes. Default 3; 0 = never recycle.
+  // A ready connection on which calls reached their deadline this many times
+  // in a row, with no reply in between, is closed and replaced (logged as a
+  // warning): a frozen link would otherwise time every call out forever,
+  // since TCP may not notice for many minutes. Calls that expire together
+  // (one deadline sweep, e.g. a pipelined burst behind a server stalled for a
+  // moment) count as one timeout; any reply, a late one included, resets the
+  // count. Default 3; 0 = never recycle.
   int recycle_after_timeouts = 3;
   // Where the client reports what an operator should see (a recycled
   // connection, a reply over a limit): one line, no newline, called on the
