@@ -165,7 +165,7 @@ FleetExporter::~FleetExporter() {
 
 std::string FleetExporter::text() const {
   std::unique_lock<std::mutex> g(impl_->mu);
-  impl_->cv.wait_for(g, impl_->opts.timeout + std::chrono::milliseconds(500), [this] { return impl_->first_done; });
+  impl_->cv.wait_for(g, impl_->opts.first_read_wait, [this] { return impl_->first_done; });
   return impl_->text;
 }
 

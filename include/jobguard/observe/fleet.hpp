@@ -270,8 +270,11 @@ struct FleetExporterOptions {
   std::string prefix = "jobguard";  // KeyBuilder's prefix
   // Time between reads of Redis. Default 5 s; must be positive.
   std::chrono::milliseconds refresh{5000};
-  // Deadline for one read. Default 5 s.
-  std::chrono::milliseconds timeout{5000};
+  // Deadline for one read. Default 2 s.
+  std::chrono::milliseconds timeout{2000};
+  // How long text() waits for the first read after start. Default 1 s; zero =
+  // never wait (a scrape before the first read shows no classes, fleet_up 0).
+  std::chrono::milliseconds first_read_wait{1000};
   std::function<WallClock::time_point()> now;  // for tests; default system_clock::now
 };
 
@@ -287,7 +290,8 @@ class FleetExporter {
   FleetExporter& operator=(const FleetExporter&) = delete;
 
   // The latest text. Until the first read has finished (or failed) it waits
-  // for it, at most `timeout`, so the first scrape after start has the numbers.
+  // for it, at most `first_read_wait`, so the first scrape after start
+  // usually has the numbers without a down Redis stalling the HTTP loop.
   std::string text() const;
 
  private:

@@ -133,7 +133,8 @@ TEST_F(FleetPublish, DestroyingThePublisherSendsTheLastBatch) {
     r.lock_class("run").acquisitions_total.inc(2);
     r.lock_class("run").releases_total.inc(2);
   }
-  const auto* c = read(1min).find("run");
+  const auto snap = read(1min);  // find() points into it
+  const auto* c = snap.find("run");
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->counts.acquisitions, 2u);
   EXPECT_EQ(c->counts.releases, 2u);
@@ -146,7 +147,8 @@ TEST_F(FleetPublish, TheTimerPublishesWithoutAnyCall) {
   FleetPublisher p(*client, o);
   r.lock_class("run").acquisitions_total.inc(7);
   EXPECT_TRUE(test::eventually([&] {
-    const auto* c = read(1min).find("run");
+    const auto snap = read(1min);
+    const auto* c = snap.find("run");
     return c && c->counts.acquisitions == 7;
   }));
 }
