@@ -135,11 +135,13 @@ std::string build_conninfo(const PgOptions& o) {
 }
 
 std::string describe_target(const PgOptions& o) {
-  // A URI is shown redacted rather than parsed: libpq reads
+  // host:port/db for messages, never the password. But libpq reads
   // "postgresql://app:pw/x@db/jobs" as host "app", port "pw", database
-  // "x@db/jobs", and those pieces would carry the password.
-  if (o.url.find("://") != std::string::npos) return "PostgreSQL " + redact_url(o.url);
-  // key=value conninfo: host:port/db for messages, never the password.
+  // "x@db/jobs": pieces that carry the password. When the parse does not
+  // put the host after the URI's last '@', or the port is not a number, the
+  // URI is shown redacted instead.
+  const bool uri = o.url.find("://") != std::string::npos;
+  const auto last_at = o.url.rfind('@');
   char* err = nullptr;
   PQconninfoOption* opts = PQconninfoParse(o.url.c_str(), &err);
   if (err) PQfreemem(err);
@@ -153,6 +155,12 @@ std::string describe_target(const PgOptions& o) {
     else if (kw == "dbname") db = p->val;
   }
   PQconninfoFree(opts);
+  if (uri) {
+    const bool port_ok = !port.empty() && port.find_first_not_of("0123456789") == std::string::npos;
+    const bool host_after_at = last_at == std::string::npos || o.url.find(host, last_at) != std::string::npos;
+    if (!port_ok || !host_after_at || (last_at != std::string::npos && db.find('@') != std::string::npos))
+      return "PostgreSQL " + redact_url(o.url);
+  }
   return fmt::format("PostgreSQL {}:{}{}{}", escape_text(host, 128), escape_text(port, 16), db.empty() ? "" : "/",
                      escape_text(db, 128));
 }

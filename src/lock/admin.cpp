@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "jobguard/error.hpp"
+#include "jobguard/redis/client.hpp"
 #include "lock/inspect_internal.hpp"
 
 namespace jobguard {

@@ -6,6 +6,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/redis/client.hpp"
 #include "lock/inspect_internal.hpp"
 
 namespace jobguard {

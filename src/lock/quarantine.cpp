@@ -6,6 +6,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/redis/client.hpp"
 
 namespace jobguard {
 namespace lock_scripts {

@@ -142,7 +142,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void become_idle() {
     phase_ = Phase::idle;
     idle_since_ = SteadyClock::now();
-    arm(shared_.opt.idle_timeout);
+    // read_timeout counts from here too, so it caps the idle time.
+    arm(std::min(shared_.opt.idle_timeout, shared_.opt.read_timeout));
   }
 
   // One timer per connection; each phase re-arms it. The generation makes a

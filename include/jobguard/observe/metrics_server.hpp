@@ -39,8 +39,9 @@ ListenAddress parse_listen_address(std::string_view text);
 struct MetricsServerOptions {
   ListenAddress listen{"127.0.0.1", 9464};
   // How long a connection may stay open without sending a byte of a request:
-  // after it is accepted and between keep-alive requests. Default 5 s; must
-  // be positive.
+  // after it is accepted and between keep-alive requests (at most
+  // read_timeout, which counts from the same moment). Default 5 s; must be
+  // positive.
   std::chrono::milliseconds idle_timeout{5000};
   // Deadline for receiving one whole request, from when the connection is
   // accepted (or the previous response was written), so a client trickling

@@ -35,6 +35,17 @@ TEST(Conninfo, TargetDescriptionNeverShowsThePassword) {
   EXPECT_EQ(d, "PostgreSQL db.example:6543/app");
 }
 
+// Issue #12 item 8: libpq reads "app:pg/s3cret@db" as host "app", port "pg",
+// database "s3cret@db:5432/jobs"; none of that may be shown.
+TEST(Conninfo, TargetDescriptionOfASlashyPasswordIsRedacted) {
+  PgOptions o;
+  o.url = "postgresql://app:pg/s3cret@db:5432/jobs";
+  const auto d = detail::describe_target(o);
+  EXPECT_EQ(d.find("s3cret"), std::string::npos) << d;
+  EXPECT_EQ(d.find(":pg"), std::string::npos) << d;
+  EXPECT_EQ(d, "PostgreSQL postgresql://app:***@db:5432/jobs");
+}
+
 TEST(Conninfo, MalformedUrlIsInvalidUrlNamingIt) {
   PgOptions o;
   o.url = "host=db.example bogus_option=1";
