@@ -317,7 +317,13 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       if (self->finished_) return;
       if (ec) {
         self->in_flight_ = false;
-        return self->refused(ec, detail, retry_in);
+        // Posted: a refusal from the gate's fast path arrives inside
+        // async_acquire itself, and a caller's completion must never run
+        // before its initiating call returns (a coroutine would be resumed
+        // inside its own co_await).
+        asio::post(self->svc_->client().get_executor(),
+                   [self, ec, detail, retry_in] { self->refused(ec, detail, retry_in); });
+        return;
       }
       self->ticket_ = std::move(t);
       self->send();
