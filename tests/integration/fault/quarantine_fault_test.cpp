@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -481,6 +482,27 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
     std::cout << fmt::format("[fault] floods that evicted the holder's lock key: {} of {}\n", evicted_holders, floods);
     check("evicting server (volatile-lru)", o, floods, &base);
   }
+}
+
+// Where the user meets the quarantine: `jobguard run` on a server that cannot
+// prove it kept its lock state (a new one, without the opt-out).
+TEST(QuarantineCli, RunExits69NamingTheLossAndWaitsItOutWithinWait) {
+  EmbeddedRedis r;
+  r.start();
+  const std::string url = r.url() + "?max_ttl=1500ms";
+  auto refused = run_jobguard({"--redis", url, "run", "--key", "q:1", "--ttl", "1s", "--", "true"});
+  EXPECT_EQ(refused.status, 69) << refused.err;
+  EXPECT_NE(refused.err.find("server lost lock state (no lock-state record"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("grants refused for"), std::string::npos) << refused.err;
+  // One line.
+  EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
+
+  auto waited = run_jobguard({"--redis", url, "run", "--key", "q:1", "--ttl", "1s", "--wait", "10s", "--", "true"});
+  EXPECT_EQ(waited.status, 0) << waited.err;
+
+  auto too_long = run_jobguard({"--redis", url, "run", "--key", "q:1", "--ttl", "2s", "--", "true"});
+  EXPECT_EQ(too_long.status, 64) << too_long.err;
+  EXPECT_NE(too_long.err.find("max TTL"), std::string::npos) << too_long.err;
 }
 
 }  // namespace
