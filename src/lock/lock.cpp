@@ -312,6 +312,10 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   void attempt() {
     in_flight_ = true;
     wake_pending_ = false;
+    if (auto t = gate_->ready()) {
+      ticket_ = std::move(t);
+      return send();
+    }
     gate_->admit([self = shared_from_this()](std::error_code ec, const std::string& detail,
                                              std::chrono::milliseconds retry_in, detail::StateGate::TicketPtr t) {
       if (self->finished_) return;
