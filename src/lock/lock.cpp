@@ -334,12 +334,22 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   void attempt() {
     in_flight_ = true;
     wake_pending_ = false;
+    if (auto t = gate_->ready()) {
+      ticket_ = std::move(t);
+      return send();
+    }
     gate_->admit([self = shared_from_this()](std::error_code ec, const std::string& detail,
                                              std::chrono::milliseconds retry_in, detail::StateGate::TicketPtr t) {
       if (self->finished_) return;
       if (ec) {
         self->in_flight_ = false;
-        return self->refused(ec, detail, retry_in);
+        // Posted: a refusal from the gate's fast path arrives inside
+        // async_acquire itself, and a caller's completion must never run
+        // before its initiating call returns (a coroutine would be resumed
+        // inside its own co_await).
+        asio::post(self->svc_->client().get_executor(),
+                   [self, ec, detail, retry_in] { self->refused(ec, detail, retry_in); });
+        return;
       }
       self->ticket_ = std::move(t);
       self->send();

@@ -53,6 +53,17 @@ void StateGate::listen(std::weak_ptr<void> owner, Listener l) {
   listeners_.emplace_back(std::move(owner), std::move(l));
 }
 
+StateGate::TicketPtr StateGate::ready() {
+  if (!ticket_ || ticket_->mark != mark()) return nullptr;
+  const auto now = Clock::now();
+  if (now < quarantine_until_ || checked_at_ < quarantine_until_) return nullptr;
+  if (now >= checked_at_ + recheck_ && !checking_) {
+    retries_ = 0;
+    check();
+  }
+  return ticket_;
+}
+
 void StateGate::admit(Admit cb) {
   const auto now = Clock::now();
   if (ticket_ && ticket_->mark == mark()) {

@@ -44,6 +44,9 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   StateGate(redis::Client& client, std::chrono::milliseconds max_ttl, std::chrono::milliseconds recheck);
 
   void admit(Admit cb);
+  // admit()'s common case without a callback: the ticket to grant under
+  // now, or null when the caller must go through admit().
+  TicketPtr ready();
   // True while no reconnect happened since `t`'s check: a reply received
   // now came from the server that was checked.
   bool current(const Ticket& t) const;

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "support/cli_fixture.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 

@@ -130,7 +130,9 @@ class FencingFault : public RedisTest {
     w->role = role;
     w->marker = dir_ + "/" + w->name + ".marker";
     w->proc = std::make_unique<Subprocess>(std::vector<std::string>{
-        jobguard_binary(), "--redis", redis_url, "run", "--key", resource_, "--ttl", kTtl, "--wait", "10s", "--fence",
+        // max_ttl: after a restart or failover the server is quarantined
+        // (docs/lock-safety.md) for 1 s, which the workers' --wait covers.
+        jobguard_binary(), "--redis", redis_url + "?max_ttl=1s", "run", "--key", resource_, "--ttl", kTtl, "--wait", "10s", "--fence",
         "--", "sh", "-c", kWorkerScript, "jobguard-fault-worker", w->name, w->marker, pg_->dir(), std::to_string(pg_->port()),
         role == Role::paused ? "1" : "0", acct_, audit_});
     workers_.push_back(std::move(w));

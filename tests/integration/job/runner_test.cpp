@@ -40,6 +40,7 @@ class RunnerTest : public test::PostgresTest {
     server->start();
     client = std::make_unique<redis::Client>(options());
     ASSERT_TRUE(client->wait_connected(5s));
+    trust_new_server(*client);  // a fresh server: no quarantine (docs/lock-safety.md)
     locks = LockService::create(*client, KeyBuilder(prefix()));
     leases = LeaseScheduler::create(locks);
   }

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/observe/doctor.hpp"
 #include "support/postgres_fixture.hpp"

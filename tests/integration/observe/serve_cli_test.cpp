@@ -20,7 +20,7 @@
 
 #include "exposition_parser.hpp"
 #include "http_client.hpp"
-#include "jobguard/embedded_redis.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 
 using jobguard::test::http_request;
 using jobguard::test::parse_exposition;
