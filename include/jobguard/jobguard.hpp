@@ -10,6 +10,7 @@
 
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/text.hpp"
 #include "jobguard/version.hpp"
 
 // jobguard::redis
@@ -20,7 +21,8 @@
 #include "jobguard/redis/script.hpp"
 #include "jobguard/redis/subscriber.hpp"
 
-// jobguard::lock
+// jobguard::lock (admin: the operator's list / force release / audit)
+#include "jobguard/admin.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 
@@ -31,13 +33,18 @@
 #include "jobguard/guard/postgres.hpp"
 
 // jobguard::job
+#include "jobguard/job/catalog.hpp"
 #include "jobguard/job/lock_class.hpp"
+#include "jobguard/job/locked_run.hpp"
 #include "jobguard/job/process.hpp"
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
+#include "jobguard/job/supervisor.hpp"
+#include "jobguard/observe/doctor.hpp"  // compiled into jobguard::job (it checks PostgreSQL too)
 
 // jobguard::observe
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/exposition.hpp"
+#include "jobguard/observe/fleet.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/observe/metrics_server.hpp"

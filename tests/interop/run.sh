@@ -93,7 +93,9 @@ jobguard_loop() {
   for (( i = 1; i <= iterations; i++ )); do
     rc=0
     # shellcheck disable=SC2016  # expanded by the inner sh, inside the lock
-    "$bin" --redis "$url" run --key "$resource" --ttl 5s --wait 10s -- sh -c '
+    # max_ttl=5s: this server is new to jobguard, so its first grants wait
+    # out a 5 s quarantine (docs/lock-safety.md) inside the 10 s wait.
+    "$bin" --redis "$url?max_ttl=5s" run --key "$resource" --ttl 5s --wait 10s -- sh -c '
       echo "enter jg-$0.$$ $(date +%s%N) key=$JOBGUARD_KEY" >> "$1"
       v="$(redis-cli -u "$2" --no-auth-warning GET "$JOBGUARD_KEY")"
       sleep 0.005

@@ -58,11 +58,11 @@ struct MetricsServerOptions {
   // More families appended to the /metrics body (serve: the fleet's
   // numbers, observe/fleet.hpp). Called on the server thread per scrape: it
   // must return quickly. Default: none.
-  std::function<std::string()> extra_metrics;
+  std::function<std::string()> extra_metrics{};
   // /healthz: called on the server thread for each request, must not block;
   // calls `done` once, from any thread, with ok=false and a reason for a 503.
   // Empty = always "ok". (`jobguard serve` PINGs Redis here.)
-  std::function<void(std::function<void(bool ok, std::string detail)> done)> health_check;
+  std::function<void(std::function<void(bool ok, std::string detail)> done)> health_check{};
   // How long a request waits for an asynchronous answer (the health check)
   // before it gets a 503. Default 2 s; must be positive.
   std::chrono::milliseconds handler_timeout{2000};

@@ -88,7 +88,7 @@ struct ConnectionOptions {
   // Where the client reports what an operator should see (a recycled
   // connection, a reply over a limit): one line, no newline, called on the
   // event loop. Empty = written to stderr.
-  std::function<void(const std::string&)> on_warning;
+  std::function<void(const std::string&)> on_warning{};
 };
 
 // Parses `redis://[user[:password]@]host[:port][/db][?opt=val&...]` and

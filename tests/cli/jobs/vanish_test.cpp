@@ -29,8 +29,11 @@ class JobsVanish : public CliTest {
   }
   std::vector<std::string> worker_argv() const {
     // CMD appends the job's id field to the output file: the ground truth.
-    return {jobguard_binary(), "--redis", url(), "jobs", "work", "--stream", stream_, "--class", "t",
-            "--consumer", "w1", "--", "sh", "-c", "echo \"$JOBGUARD_FIELD_ID\" >> \"$0\"", out_};
+    // A restarted server is quarantined for max_ttl (docs/lock-safety.md):
+    // short here, so the test waits seconds, not the default minute; a job
+    // refused meanwhile stays pending and is reclaimed after claim-idle.
+    return {jobguard_binary(), "--redis", url() + "?max_ttl=2s", "jobs", "work", "--stream", stream_, "--class", "t",
+            "--ttl", "2s", "--claim-idle", "1s", "--consumer", "w1", "--", "sh", "-c", "echo \"$JOBGUARD_FIELD_ID\" >> \"$0\"", out_};
   }
   void add(const std::string& id) {
     // Added with the admin connection: the worker sees what any producer adds.

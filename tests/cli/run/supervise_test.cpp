@@ -166,7 +166,7 @@ TEST_F(RunSupervision, CmdEnvironmentLacksUrlsAndPasswords) {
   Subprocess p(args({}, {"sh", "-c", "env > \"$0\"", envfile}),
                {{"JOBGUARD_REDIS_URL", url()},
                 {"JOBGUARD_POSTGRES_URL", "postgresql://u:sekrit@127.0.0.1:1/db"},
-                {"JOBGUARD_REDIS_PASSWORD", "hunter2"},
+                {"JOBGUARD_POSTGRES_PASSWORD", "hunter2"},  // (jobguard itself reads $JOBGUARD_REDIS_PASSWORD)
                 {"JOBGUARD_UNRELATED", "kept"}});
   const auto r = p.wait_or_kill(30s);
   ASSERT_EQ(r.status, 0) << r.err;

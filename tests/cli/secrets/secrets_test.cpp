@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "jobguard/lock.hpp"
+#include "jobguard/redis/client.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
@@ -101,7 +103,8 @@ TEST(SecretsCliNoServer, DurationsAreBoundedAndNeverRoundToNothing) {
 }
 
 TEST_F(SecretsCli, CompoundDurationsAreAccepted) {
-  const auto r = run_jobguard({"--redis", url(), "run", "--key", "compound", "--ttl", "48h30m", "--timeout",
+  // A TTL above the default max_ttl (60 s) needs the URL to say so.
+  const auto r = run_jobguard({"--redis", url() + "?max_ttl=49h", "run", "--key", "compound", "--ttl", "48h30m", "--timeout",
                                "1h2m3s4ms", "--", "true"},
                               30s);
   EXPECT_EQ(r.status, 0) << all_output(r);
@@ -123,6 +126,13 @@ class PasswordSources : public ::testing::Test {
     server = std::make_unique<jobguard::EmbeddedRedis>(o);
     server->start();
     url = "redis://" + server->host() + ":" + std::to_string(server->port()) + "/0";
+    {
+      // A server this test just started empty: not quarantined (lock.hpp).
+      auto conn = jobguard::redis::parse_url(url);
+      conn.password = kPassword;
+      jobguard::redis::Client c(conn);
+      jobguard::trust_new_server(c);
+    }
     dir = ::testing::TempDir() + "jobguard-secrets-" + std::to_string(::getpid()) + "-" +
           ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::create_directories(dir);

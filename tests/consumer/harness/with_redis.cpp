@@ -2,6 +2,8 @@
 // Starts a private redis-server (jobguard::testing's EmbeddedRedis), runs
 // PROGRAM N times (default 1) with JOBGUARD_REDIS_URL naming it, and exits
 // with the first non-zero status (128+N for a signal), else 0.
+#include <jobguard/lock.hpp>
+#include <jobguard/redis/client.hpp>
 #include <jobguard/testing/embedded_redis.hpp>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -24,6 +26,12 @@ int main(int argc, char** argv) {
   }
   jobguard::EmbeddedRedis server;
   server.start();
+  {
+    // A server this harness just started empty: trusted, so its first grants
+    // are not held back by the lock-state quarantine (docs/lock-safety.md).
+    jobguard::redis::Client client(jobguard::redis::parse_url(server.url()));
+    jobguard::trust_new_server(client);
+  }
   ::setenv("JOBGUARD_REDIS_URL", server.url().c_str(), 1);
   for (int i = 0; i < runs; ++i) {
     pid_t pid = 0;
