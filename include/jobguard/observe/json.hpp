@@ -1,5 +1,5 @@
-// The same numbers as /metrics, as JSON for `--json` outputs, GET
-// /metrics.json and the dashboard. Separate from exposition.hpp so only the
+// The same numbers as /metrics, as JSON for `--json` outputs and GET
+// /metrics.json. Separate from exposition.hpp so only the
 // code that wants nlohmann::json pulls it in.
 #pragma once
 
