@@ -103,6 +103,7 @@ struct Supervisor::Impl : std::enable_shared_from_this<Supervisor::Impl> {
   std::string detail;
   bool kill_armed = false;
   bool finished = false;
+  bool suspended = false;
 
   void event(SupervisorEvent::Kind kind, Ending c, int sig, std::string message) {
     if (on_event) on_event(SupervisorEvent{kind, c, sig, std::move(message)});
@@ -140,6 +141,7 @@ struct Supervisor::Impl : std::enable_shared_from_this<Supervisor::Impl> {
 
   void on_stopped(bool stopped, int sig) {
     if (finished) return;
+    suspended = stopped;
     if (!stopped) {
       suspend_timer.cancel();
       event(SupervisorEvent::Kind::resumed, Ending::exited, 0, "CMD continued");
@@ -164,6 +166,11 @@ struct Supervisor::Impl : std::enable_shared_from_this<Supervisor::Impl> {
 
   void on_exit(ExitStatus st) {
     if (finished) return;
+    // waitpid reports a continue only if it is reaped before the exit: a CMD
+    // that is continued and exits at once shows only the exit. Such a CMD
+    // was continued all the same (only SIGKILL ends a stopped process), and
+    // a listener that saw "suspended" must not be left believing it still is.
+    if (suspended && !(st.signaled && st.signal == SIGKILL)) on_stopped(false, 0);
     finished = true;
     boost::system::error_code ignored;
     for (auto* t : {&kill_timer, &timeout_timer, &safe_timer, &suspend_timer, &renew_timer}) t->cancel();
