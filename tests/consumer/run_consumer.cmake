@@ -16,7 +16,8 @@ function(build_project src name)
   set(bin ${WORK_DIR}/${name})
   file(REMOVE_RECURSE ${bin})
   run(${CMAKE_COMMAND} -S ${src} -B ${bin} -G Ninja -DCMAKE_PREFIX_PATH=${prefix}
-      -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror")
+      -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror ${SANITIZE_FLAGS}"
+      "-DCMAKE_EXE_LINKER_FLAGS=${SANITIZE_FLAGS}")
   run(${CMAKE_COMMAND} --build ${bin})
 endfunction()
 
