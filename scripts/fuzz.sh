@@ -20,6 +20,9 @@ launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 CC=clang CXX=clang++ cmake -S "$root/fuzz" -B "$build" -G Ninja "${launcher[@]}" >/dev/null
 ninja -C "$build" -j "$(nproc)" "${harnesses[@]}"
+# JOBGUARD_FUZZ_BUILD_ONLY=1: build the harnesses and stop (scripts/test.sh
+# builds them while the sanitized suite runs).
+[ "${JOBGUARD_FUZZ_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 run_one() {  # harness
   local h=$1 seeds=$root/fuzz/corpus/${1%_fuzzer}

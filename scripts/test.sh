@@ -11,6 +11,7 @@
 #     them (label tsan),
 #  4. builds the libFuzzer harnesses with clang (fuzz/, only the sources they
 #     exercise) and runs each for 30 s, two at a time (scripts/fuzz.sh).
+# The builds of 3 and 4 run in the background, niced, while 2's tests run.
 # One sanitized build serves the whole suite. A second, unsanitized build ran
 # the same tests again and cost a third of CI's time; it is still here as
 # JOBGUARD_TEST_QUICK=1, and the optimized build is what `scripts/demo.sh` and
@@ -43,14 +44,33 @@ fi
 echo "== build (Debug, ASan+UBSan, -Werror) ($(date +%T))"
 bash scripts/build.sh "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
   "-DJOBGUARD_SANITIZE=address;undefined"
+# The suite spends much of its time waiting on servers and child processes:
+# the TSan and fuzz builds use the idle cores meanwhile, at the lowest
+# priority so the tests keep theirs. They die with this script.
+echo "== build (TSan, what the concurrency tests need; fuzz harnesses), in the background ($(date +%T))"
+# Its own process group (setsid), so the EXIT trap stops ninja and the
+# compilers too, not only the shell that started them.
+setsid nice -n 19 bash -c '
+  set -euo pipefail
+  cmake -S "$1" -B "$1/build-tsan" -G Ninja -DJOBGUARD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DJOBGUARD_SANITIZE=thread -DJOBGUARD_BUILD_BENCH=OFF >/dev/null
+  ninja -C "$1/build-tsan" jobguard_tsan_tests
+  JOBGUARD_FUZZ_BUILD_ONLY=1 bash "$1/scripts/fuzz.sh"' _ "$root" >"$root/build-background.log" 2>&1 &
+background=$!
+trap 'kill -- "-$background" 2>/dev/null || true' EXIT
+
 echo "== test (ASan+UBSan) ($(date +%T))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_suite "$root/build-asan" || status=1
 
-echo "== build (TSan, what the concurrency tests need) ($(date +%T))"
-cmake -S "$root" -B "$root/build-tsan" -G Ninja -DJOBGUARD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DJOBGUARD_SANITIZE=thread -DJOBGUARD_BUILD_BENCH=OFF >/dev/null
-ninja -C "$root/build-tsan" jobguard_tsan_tests
+echo "== waiting for the background builds ($(date +%T))"
+if ! wait "$background"; then
+  cat "$root/build-background.log"
+  echo "the TSan/fuzz build failed (log above)"
+  exit 1
+fi
+trap - EXIT
+tail -n 3 "$root/build-background.log"
 echo "== test (TSan, concurrency tests) ($(date +%T))"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_suite "$root/build-tsan" -L tsan || status=1
 
