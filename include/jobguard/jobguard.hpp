@@ -21,8 +21,10 @@
 #include "jobguard/redis/script.hpp"
 #include "jobguard/redis/subscriber.hpp"
 
-// jobguard::lock (admin: the operator's list / force release / audit)
+// jobguard::lock (admin: the operator's list / force release / audit; async:
+// the completion-token forms, which need Asio like redis/client.hpp above)
 #include "jobguard/admin.hpp"
+#include "jobguard/async.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 

@@ -52,8 +52,11 @@ class LeaseScheduler;
 // for that: the destructor calls release(), which waits for Redis's reply (up
 // to the client's command timeout) unless it runs on the client's event-loop
 // thread, where it sends the release without waiting. A lease already lost is
-// not released (the key is someone else's or gone). Call release() yourself
-// where a blocking scope exit would hurt.
+// not released (the key is someone else's or gone), except one stopped by its
+// hard timeout: the key is still ours then, and the scheduler deletes it
+// (compare-and-delete) the moment the timeout passes, so the resource is free
+// for the next holder without waiting out the TTL. Call release() or
+// async_release() yourself where a blocking scope exit would hurt.
 // Threads: safe_time_left(), ensure(), lost(), state() and stop_token() may be
 // called from any thread; the on_lost callback runs on the event loop.
 class Lease {
@@ -66,6 +69,8 @@ class Lease {
   const std::string& token() const noexcept;
   const std::string& resource() const noexcept;
   std::optional<std::int64_t> fence() const noexcept;
+  // The service whose lock this is (its client runs the renewals).
+  LockService& service() const noexcept;
 
   // Time the lock is still certainly ours (zero when lost). Computed from the
   // monotonic clock on every call, so a caller resuming from a pause sees the
@@ -92,14 +97,30 @@ class Lease {
   // immediately (posted) if it is already lost.
   void on_lost(std::function<void(LeaseState, const std::string&)> fn);
 
-  // Stops renewing and releases (compare-and-delete). True if it was still ours.
+  // Stops renewing and releases (compare-and-delete). True if it was still
+  // ours. A Redis failure is false too (the TTL frees the lock). On the
+  // event-loop thread it sends the release without waiting and returns true.
   bool release();
+  // The non-blocking form, safe from any thread: `done` runs on the event
+  // loop, never inside the call, with (no error, true) when the lock was
+  // still ours, (no error, false) when the lease was lost or released
+  // already, and the Error (naming the server and the key) on a Redis failure.
+  void async_release(std::function<void(const Error&, bool)> done);
+
+  // Runs `fn` once on the event loop when the lease ends: lost (the state it
+  // was lost in) or released (LeaseState::released), so nobody waits forever
+  // on a lease that ended either way; posted at once if it has ended already.
+  // Several may wait. The returned canceller, callable from any thread,
+  // removes `fn` and returns true if it had not run (and never will).
+  // For jobguard::async_wait_lost (<jobguard/async.hpp>), which awaits it.
+  std::function<bool()> when_ended(std::function<void(LeaseState)> fn);
 
   struct State;
 
  private:
   friend class LeaseScheduler;
   explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  bool stop_renewing();
   std::shared_ptr<State> s_;
 };
 

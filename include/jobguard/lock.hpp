@@ -161,8 +161,11 @@ struct LockInfo {
 
 // A held lock. Destroying a Lock that is still held releases it (without
 // waiting for the reply): scope exit is release. Movable, not copyable.
-// Threads: one owner at a time; release()/extend() block and must not be
-// called on the client's event-loop thread.
+// Threads: one owner at a time. release()/extend() block for Redis's reply;
+// on the client's event-loop thread, where that reply could never arrive,
+// they throw errc::invalid_argument at once instead (the lock stays held, so
+// scope exit still releases it): use async_release()/async_extend() there,
+// or the completion-token forms in <jobguard/async.hpp> (docs/async.md).
 class Lock {
  public:
   Lock(Lock&&) noexcept;
@@ -184,11 +187,26 @@ class Lock {
   // Per-class metrics this lock reports to (never null for a granted lock).
   observe::LockClassMetrics& metrics() const noexcept { return *metrics_; }
 
+  // Whether it was taken in fair mode (its release hands it to the queue head).
+  bool fair() const noexcept { return fair_; }
+  // The service that granted it; null for a moved-from Lock.
+  LockService* service() const noexcept { return service_.get(); }
+
   // Compare-and-delete. True if the lock was still ours; false if it had
-  // expired or been taken by someone else (nothing is deleted then).
+  // expired or been taken by someone else (nothing is deleted then), or was
+  // released already. Throws Error naming the server and the key on a Redis
+  // failure (the TTL frees the lock then).
   bool release();
   // Compare-and-pexpire to `ttl` (default: the acquire ttl). False if no longer ours.
   bool extend(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
+
+  // The non-blocking forms, safe on the event-loop thread: `done` runs on
+  // the event loop, never inside the call, with the same answer and errors
+  // as the blocking form. The Lock must outlive the call only until it
+  // returns (the operation keeps what it needs).
+  using Handler = std::function<void(const Error&, bool)>;
+  void async_release(Handler done);
+  void async_extend(std::chrono::milliseconds ttl, Handler done);
   // Forget the lock without releasing it (it expires by its TTL). For a
   // process that forks and hands the lock to a child, or for tests.
   void detach() noexcept { held_ = false; }
@@ -223,7 +241,9 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Acquires or gives up: returns nullopt when the lock stayed busy for the
   // whole wait. Throws Error on Redis failures (errc::timeout, not_connected,
   // server_busy for OOM/READONLY/LOADING..., with the server's text, its
-  // host:port and the key) and on bad arguments.
+  // host:port and the key) and on bad arguments. A try-once acquire (wait =
+  // 0) on a client known to be down (redis::Client::down_error) fails at
+  // once with not_connected rather than after the command timeout.
   // A server in quarantine is errc::server_busy ("server lost lock state
   // (...); grants refused for N ms more") unless the quarantine ends within
   // the wait: then the acquire waits it out.

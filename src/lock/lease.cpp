@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "jobguard/error.hpp"
@@ -51,6 +53,11 @@ struct Lease::State {
   mutable std::mutex mu;  // reason, on_lost
   std::string reason;
   std::function<void(LeaseState, const std::string&)> on_lost;
+  // Lease::when_ended waiters by id, guarded by mu; taken all at once when
+  // the lease ends (ended_with says how, and turns later ones away).
+  std::map<std::uint64_t, std::function<void(LeaseState)>> end_waiters;
+  std::uint64_t next_waiter = 0;
+  std::optional<LeaseState> ended_with;
   std::stop_source stop;
   std::atomic<bool> release_called{false};
   // Position in the scheduler's deadline queue (loop thread only).
@@ -86,6 +93,13 @@ struct LeaseScheduler::Impl {
   void unschedule(const std::shared_ptr<Lease::State>& s) {
     if (s->queued) queue.erase(s->qpos);
     s->queued = false;
+    if (queue.empty() && armed_for != Clock::time_point::max()) {
+      // Nothing left to renew: drop the wake-up, whose handler keeps the
+      // scheduler (and its service) alive, so a loop being shut down is not
+      // held up to ttl/3 by it.
+      timer.cancel();
+      armed_for = Clock::time_point::max();
+    }
   }
 
   void arm() {
@@ -122,7 +136,38 @@ struct LeaseScheduler::Impl {
     active.fetch_sub(1);
     s->stop.request_stop();
     unschedule(s);
+    if (st == LeaseState::timed_out) release_timed_out(s);
     if (cb) cb(st, why);
+    end(*s, st);
+  }
+
+  // Loop thread. The hard timeout stopped a lease whose key is still ours (as
+  // far as we know): delete it now, by compare-and-delete, so the resource is
+  // free at once instead of at the TTL. The Lock itself is not touched (its
+  // owner's thread may be reading it); Lease::release() finds the lease lost
+  // and only detaches it.
+  void release_timed_out(const std::shared_ptr<Lease::State>& s) {
+    auto self = owner.lock();
+    if (!self) return;
+    self->service().async_release(
+        s->lock.resource(), s->lock.token(),
+        [m = &s->lock.metrics()](const Error& e, bool ours) {
+          if (e) m->redis_errors_total.inc();
+          else if (ours) m->releases_total.inc();
+        },
+        s->lock.fair());
+  }
+
+  // Loop thread: the lease ended; wake every when_ended waiter.
+  static void end(Lease::State& s, LeaseState how) {
+    std::map<std::uint64_t, std::function<void(LeaseState)>> waiters;
+    {
+      std::lock_guard<std::mutex> g(s.mu);
+      if (s.ended_with) return;
+      s.ended_with = how;
+      waiters.swap(s.end_waiters);
+    }
+    for (auto& [id, fn] : waiters) fn(how);
   }
 
   void tick() {
@@ -233,6 +278,7 @@ const std::string& Lease::key() const noexcept { return s_->lock.key(); }
 const std::string& Lease::token() const noexcept { return s_->lock.token(); }
 const std::string& Lease::resource() const noexcept { return s_->lock.resource(); }
 std::optional<std::int64_t> Lease::fence() const noexcept { return s_->lock.fence(); }
+LockService& Lease::service() const noexcept { return s_->sched->service(); }
 
 std::chrono::milliseconds Lease::safe_time_left() const noexcept {
   if (s_->state.load() != LeaseState::active) return ms(0);
@@ -286,31 +332,66 @@ void Lease::on_lost(std::function<void(LeaseState, const std::string&)> fn) {
   s_->on_lost = std::move(fn);
 }
 
-bool Lease::release() {
-  // The handle stays usable (key(), reason()...) after release.
+std::function<bool()> Lease::when_ended(std::function<void(LeaseState)> fn) {
+  std::unique_lock<std::mutex> g(s_->mu);
+  if (s_->ended_with) {
+    const LeaseState how = *s_->ended_with;
+    g.unlock();
+    asio::post(s_->sched->service().client().get_executor(), [fn = std::move(fn), how] { fn(how); });
+    return [] { return false; };
+  }
+  const std::uint64_t id = s_->next_waiter++;
+  s_->end_waiters.emplace(id, std::move(fn));
+  return [s = s_, id] {
+    std::lock_guard<std::mutex> lk(s->mu);
+    return s->end_waiters.erase(id) > 0;
+  };
+}
+
+// Stops renewing. True if the lease was still active (its lock is ours to
+// release); false if it was lost (never delete the key then: it is someone
+// else's or gone) or released already.
+bool Lease::stop_renewing() {
   if (!s_ || s_->release_called.exchange(true)) return false;
   auto& s = s_;
   LeaseState expected = LeaseState::active;
   const bool was_active = s->state.compare_exchange_strong(expected, LeaseState::released);
   auto impl = s->sched->impl_;
   if (was_active) impl->active.fetch_sub(1);
-  asio::post(s->sched->service().client().get_executor(), [impl, s] {
+  asio::post(s->sched->service().client().get_executor(), [impl, s, was_active] {
     s->tl.released();
     impl->unschedule(s);
+    if (was_active) LeaseScheduler::Impl::end(*s, LeaseState::released);
   });
-  if (!was_active) {
-    s->lock.detach();  // lost: the key is someone else's or gone; never delete it
-    return false;
-  }
-  if (s->sched->service().client().running_in_loop_thread()) {
-    // Cannot block here: release asynchronously (the Lock destructor does).
+  if (!was_active) s->lock.detach();
+  return was_active;
+}
+
+bool Lease::release() {
+  // The handle stays usable (key(), reason()...) after release.
+  if (!stop_renewing()) return false;
+  if (s_->sched->service().client().running_in_loop_thread()) {
+    // Cannot block here: send the release now without waiting for the reply
+    // (left to the Lock's destructor, it would wait for the last handle).
+    s_->lock.async_release(nullptr);
     return true;
   }
   try {
-    return s->lock.release();
+    return s_->lock.release();
   } catch (const Error&) {
     return false;  // unreachable Redis: the TTL frees the lock
   }
+}
+
+void Lease::async_release(std::function<void(const Error&, bool)> done) {
+  if (!stop_renewing()) {
+    auto ex = s_ ? s_->sched->service().client().get_executor() : asio::any_io_executor(asio::system_executor());
+    asio::post(ex, [done = std::move(done)] {
+      if (done) done(Error(), false);
+    });
+    return;
+  }
+  s_->lock.async_release(std::move(done));
 }
 
 // --- LeaseScheduler -------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cstdio>
 #include <future>
@@ -615,6 +616,19 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
                 fmt::format("lock ttl {} ms is above the max TTL {} ms (the `max_ttl` URL option / "
                             "QuarantineOptions::max_ttl): a quarantine after lost lock state would not cover it",
                             opts.ttl.count(), max_ttl_.count()));
+  // Try-once on a client known to be down: the answer is known now, and
+  // waiting out the command timeout for it helps nobody (a caller that
+  // wants to ride out a reconnect passes a wait).
+  if (opts.wait.count() == 0) {
+    if (Error down = client_.down_error(); down) {
+      class_metrics(opts.lock_class).redis_errors_total.inc();
+      asio::post(client_.get_executor(),
+                 [done = std::move(done), e = down.with_context("acquire of " + keys_.lock_key(resource))] {
+                   done(e, std::nullopt);
+                 });
+      return;
+    }
+  }
   auto w = std::make_shared<Waiter>(shared_from_this(), std::move(resource), std::move(opts), std::move(done));
   // On the loop already (a coroutine, a completion): start now, saving a hop.
   if (client_.running_in_loop_thread()) w->start(impl_.get());
@@ -708,37 +722,71 @@ Lock::~Lock() {
   }
 }
 
-bool Lock::release() {
-  if (!held_) return false;
+void Lock::async_release(Handler done) {
+  if (!held_) {
+    asio::post(service_ ? service_->client().get_executor() : asio::any_io_executor(asio::system_executor()),
+               [done = std::move(done)] {
+                 if (done) done(Error(), false);
+               });
+    return;
+  }
   held_ = false;
-  std::promise<bool> p;
-  auto f = p.get_future();
   metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
   service_->async_release(
       resource_, token_,
-      [&p, m = metrics_, &key = key_](const Error& e, bool ours) {
-        if (e) {
-          m->redis_errors_total.inc();
-          p.set_exception(std::make_exception_ptr(e.with_context(key)));
-          return;
-        }
-        (ours ? m->releases_total : m->released_not_owner_total).inc();
-        p.set_value(ours);
+      [done = std::move(done), m = metrics_, key = key_](const Error& e, bool ours) {
+        if (e) m->redis_errors_total.inc();
+        else (ours ? m->releases_total : m->released_not_owner_total).inc();
+        if (done) done(e ? e.with_context(key) : e, ours);
       },
       fair_);
+}
+
+void Lock::async_extend(std::chrono::milliseconds ttl, Handler done) {
+  if (!held_) {
+    asio::post(service_ ? service_->client().get_executor() : asio::any_io_executor(asio::system_executor()),
+               [done = std::move(done)] {
+                 if (done) done(Error(), false);
+               });
+    return;
+  }
+  if (ttl.count() == 0) ttl = ttl_;
+  service_->async_extend(resource_, token_, ttl, [done = std::move(done), key = key_](const Error& e, bool ours) {
+    if (done) done(e ? e.with_context(key) : e, ours);
+  });
+}
+
+namespace {
+// The blocking forms wait for a reply only the event loop can deliver.
+void refuse_on_loop(const std::shared_ptr<LockService>& service, const char* what) {
+  if (service && service->client().running_in_loop_thread())
+    throw Error(errc::invalid_argument,
+                fmt::format("blocking Lock::{0}() on the event-loop thread would deadlock; use Lock::async_{0}() "
+                            "or jobguard::async_{0}(lock, token) (docs/async.md)",
+                            what));
+}
+
+bool wait_for(const std::function<void(Lock::Handler)>& start) {
+  std::promise<bool> p;
+  auto f = p.get_future();
+  start([&p](const Error& e, bool ours) {
+    if (e) p.set_exception(std::make_exception_ptr(e));
+    else p.set_value(ours);
+  });
   return f.get();
+}
+}  // namespace
+
+bool Lock::release() {
+  if (!held_) return false;
+  refuse_on_loop(service_, "release");
+  return wait_for([this](Handler h) { async_release(std::move(h)); });
 }
 
 bool Lock::extend(std::chrono::milliseconds ttl) {
   if (!held_) return false;
-  if (ttl.count() == 0) ttl = ttl_;
-  std::promise<bool> p;
-  auto f = p.get_future();
-  service_->async_extend(resource_, token_, ttl, [&p, &key = key_](const Error& e, bool ours) {
-    if (e) p.set_exception(std::make_exception_ptr(e.with_context(key)));
-    else p.set_value(ours);
-  });
-  return f.get();
+  refuse_on_loop(service_, "extend");
+  return wait_for([this, ttl](Handler h) { async_extend(ttl, std::move(h)); });
 }
 
 }  // namespace jobguard

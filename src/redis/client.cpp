@@ -136,6 +136,16 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     // classifies error replies and counts the call (account()) before it.
     r.done = std::move(done);
     if (closed.load()) return refuse(stats.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
+    if (o.fail_if_down) {
+      if (Error e = down_error(); e) {
+        // Posted: a completion never runs inside the call that started it
+        // (an awaiting coroutine would be resumed inside its own co_await).
+        asio::post(*ctx, [keep = shared_from_this(), r = std::move(r), e]() mutable {
+          refuse(keep->stats.get(), r.done, e.code(), std::string(e.detail()));
+        });
+        return;
+      }
+    }
     if (on_loop()) {
       pick().submit(std::move(r));
     } else {
@@ -149,6 +159,17 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
 
   void close_all() {
     for (auto& c : conns) c->close();
+  }
+
+  // Any thread: conns is fixed from init() until the destructor.
+  Error down_error() const {
+    for (const auto& c : conns)
+      if (!c->known_down()) return Error();
+    const std::string why = conns.front()->down_reason();
+    return Error(errc::not_connected,
+                 fmt::format("no connection to {}{}; the call fails at once instead of waiting for a reconnect",
+                             address, why.empty() ? "" : " (last error: " + why + ")"),
+                 error_source::redis);
   }
 };
 
@@ -339,5 +360,7 @@ ClientStats Client::stats() const {
 }
 
 std::string Client::address() const { return impl_->address; }
+
+Error Client::down_error() const { return impl_->down_error(); }
 
 }  // namespace jobguard::redis

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,6 +132,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   std::size_t load() const noexcept { return mux_.pending(); }
   bool ready() const noexcept { return state_ == State::ready; }
+  // Any thread: a connect attempt failed or the connection broke, and it has
+  // not been ready since (Client::down_error). False while the first connect
+  // is still in progress: a program's first call must not fail for that.
+  bool known_down() const noexcept { return down_.load(std::memory_order_acquire); }
+  // Any thread: the failure that made it known down.
+  std::string down_reason() const {
+    std::lock_guard g(down_mu_);
+    return down_why_;
+  }
 
   void submit(Multiplexer::Request r) {
     if (state_ == State::closed) return refuse(stats_.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
@@ -311,6 +321,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     attempt_ = 0;
     last_error_code_ = {};
     last_error_.clear();
+    down_.store(false, std::memory_order_release);
     schedule_write();
     if (on_ready_) on_ready_();
   }
@@ -331,6 +342,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       last_error_code_ = ec;
       last_error_ = why;
     }
+    {
+      std::lock_guard g(down_mu_);
+      down_why_ = last_error_;
+    }
+    down_.store(true, std::memory_order_release);
     // Unconditionally: even with nothing in flight (every reply already read)
     // the old write's completion may still be pending, and it will never run
     // for this generation; a stale `writing` flag would block the next
@@ -518,6 +534,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::function<void(std::error_code, const std::string&)> on_fatal_;
   std::uint64_t replies_seen_ = 0;
   std::size_t consecutive_timeouts_ = 0;  // since the last reply on this connection
+  // Mirrors of the state for other threads (known_down, down_reason): the
+  // rest of this class is loop-thread only.
+  std::atomic<bool> down_{false};
+  mutable std::mutex down_mu_;
+  std::string down_why_;
 };
 
 

@@ -53,6 +53,11 @@ using Completion = std::function<void(std::error_code ec, Reply reply)>;
 struct CallOptions {
   // Zero = the client's command_timeout.
   std::chrono::milliseconds timeout{0};
+  // Fail at once with Client::down_error() when the client is known to be
+  // down, instead of waiting for a reconnect until the deadline. Default off:
+  // a call made during a short reconnect usually succeeds when it waits.
+  // LockService::acquire uses it for a try-once acquire (wait = 0).
+  bool fail_if_down = false;
 };
 
 struct ClientStats {
@@ -107,6 +112,13 @@ class Client {
 
   // Blocks until one connection is ready or the timeout passes; false on timeout.
   bool wait_connected(std::chrono::milliseconds timeout);
+
+  // When the client is known to be down — every connection failed to connect
+  // or broke, and none has been ready since — the error a call would meet at
+  // its deadline: errc::not_connected, source redis, naming the server and
+  // the last failure. No error while connected or still making the first
+  // connection. Safe from any thread; a few atomic loads when up.
+  Error down_error() const;
 
   ClientStats stats() const;
 

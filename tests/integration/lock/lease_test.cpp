@@ -84,3 +84,23 @@ TEST_F(LeaseTest, HardTimeoutStopsTheJob) {
   EXPECT_EQ(lease->state(), LeaseState::timed_out);
 }
 
+
+// The hard timeout leaves the key ours: the scheduler deletes it at once, so
+// the next holder need not wait out the TTL (30 s here, far longer than the
+// test's wait, so a key gone by expiry cannot pass for one deleted).
+TEST_F(LeaseTest, ALeaseEndedByTheHardTimeoutDeletesItsKey) {
+  auto lease = sched->acquire(resource("hard-del"), LockOptions{.ttl = 30s}, LeaseOptions{.hard_timeout = 200ms});
+  ASSERT_TRUE(lease);
+  ASSERT_EQ(admin("GET " + lease->key()), lease->token());
+  ASSERT_TRUE(eventually([&] { return lease->stop_token().stop_requested(); }, 10s));
+  EXPECT_EQ(lease->state(), LeaseState::timed_out);
+  ASSERT_TRUE(eventually([&] { return admin("EXISTS " + lease->key()) == "0"; }, 10s))
+      << "PTTL " << admin("PTTL " + lease->key());
+  // The resource is free for a try-once acquire, and the lost lease's release
+  // leaves the new holder's key alone.
+  auto next = svc->acquire(lease->resource(), LockOptions{.ttl = 30s});
+  ASSERT_TRUE(next);
+  EXPECT_FALSE(lease->release());
+  EXPECT_EQ(admin("GET " + next->key()), next->token());
+  EXPECT_TRUE(next->release());
+}

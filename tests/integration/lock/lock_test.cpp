@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "jobguard/error.hpp"
@@ -317,4 +318,63 @@ TEST_F(LockTest, RedisDownIsAnErrorNotBusy) {
   } catch (const Error& e) {
     EXPECT_EQ(next_step_for(e.code()), next_step::retry_call) << e.what();
   }
+}
+
+// With the connection known to be down, a try-once acquire answers at once.
+// The client's command timeout is ten minutes, so an acquire that waited for
+// it would hang the test (ctest's timeout fails it) instead of returning.
+TEST_F(LockTest, TryOnceOnAClientKnownDownAnswersAtOnceNamingServerAndResource) {
+  auto o = options();
+  o.command_timeout = std::chrono::minutes(10);
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  auto locks = LockService::create(c);
+  EXPECT_FALSE(c.down_error());
+  const std::string address = c.address();
+  server->kill();
+  ASSERT_TRUE(eventually([&] { return static_cast<bool>(c.down_error()); }, 10s));
+  const std::string r = resource("down-fast");
+  try {
+    locks->acquire(r, LockOptions{.wait = 0ms});
+    FAIL() << "acquire succeeded with Redis down";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::not_connected) << e.what();
+    EXPECT_EQ(e.source(), error_source::redis);
+    EXPECT_EQ(e.next(), next_step::retry_call);
+    const std::string what = e.what();
+    EXPECT_NE(what.find(address), std::string::npos) << what;
+    EXPECT_NE(what.find(locks->keys().lock_key(r)), std::string::npos) << what;
+  }
+  // A call that asks to fail fast does too; one that does not would wait.
+  std::promise<std::error_code> p;
+  c.async_exec(redis::Command{"PING"}, [&p](std::error_code ec, redis::Reply) { p.set_value(ec); },
+               redis::CallOptions{.fail_if_down = true});
+  EXPECT_EQ(p.get_future().get(), errc::not_connected);
+}
+
+// Every failure of an acquire, a release or an extend names the server it
+// talked to and the lock's key.
+TEST_F(LockTest, RedisErrorsNameTheServerAndTheKey) {
+  const std::string r = resource("named");
+  auto lock = svc->acquire(r, LockOptions{.ttl = 30s});
+  ASSERT_TRUE(lock);
+  auto other = svc->acquire(resource("named-2"), LockOptions{.ttl = 30s});
+  ASSERT_TRUE(other);
+  const std::string address = client->address();
+  server->kill();
+  auto check = [&](const char* what_call, const std::string& key, auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << what_call << " succeeded with Redis down";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(e.source(), error_source::redis) << what;
+      EXPECT_NE(what.find(address), std::string::npos) << what_call << ": " << what;
+      EXPECT_NE(what.find(key), std::string::npos) << what_call << ": " << what;
+    }
+  };
+  check("extend", lock->key(), [&] { lock->extend(); });
+  check("release", lock->key(), [&] { lock->release(); });
+  check("acquire", svc->keys().lock_key(r), [&] { svc->acquire(r, LockOptions{.wait = 0ms}); });
+  other->detach();
 }
