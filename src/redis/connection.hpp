@@ -132,9 +132,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   std::size_t load() const noexcept { return mux_.pending(); }
   bool ready() const noexcept { return state_ == State::ready; }
-  // Any thread: a connect attempt failed or the connection broke, and it has
-  // not been ready since (Client::down_error). False while the first connect
-  // is still in progress: a program's first call must not fail for that.
+  // Any thread: an attempt to (re)connect failed and the connection has not
+  // been ready since (Client::down_error). False while the first connect is
+  // still in progress, and between a break and the first reconnect attempt.
   bool known_down() const noexcept { return down_.load(std::memory_order_acquire); }
   // Any thread: the failure that made it known down.
   std::string down_reason() const {
@@ -342,11 +342,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       last_error_code_ = ec;
       last_error_ = why;
     }
-    {
-      std::lock_guard g(down_mu_);
-      down_why_ = last_error_;
+    // Known down once an attempt to connect failed, not at the break itself:
+    // a server that closed an idle connection is usually back within the
+    // first reconnect (0-25 ms), and try-once calls should not fail for that.
+    if (!was_ready) {
+      {
+        std::lock_guard g(down_mu_);
+        down_why_ = last_error_;
+      }
+      down_.store(true, std::memory_order_release);
     }
-    down_.store(true, std::memory_order_release);
     // Unconditionally: even with nothing in flight (every reply already read)
     // the old write's completion may still be pending, and it will never run
     // for this generation; a stale `writing` flag would block the next

@@ -113,11 +113,13 @@ class Client {
   // Blocks until one connection is ready or the timeout passes; false on timeout.
   bool wait_connected(std::chrono::milliseconds timeout);
 
-  // When the client is known to be down — every connection failed to connect
-  // or broke, and none has been ready since — the error a call would meet at
-  // its deadline: errc::not_connected, source redis, naming the server and
-  // the last failure. No error while connected or still making the first
-  // connection. Safe from any thread; a few atomic loads when up.
+  // When the client is known to be down — on every connection an attempt to
+  // connect (or reconnect after a break) failed, and none has been ready
+  // since — the error a call would meet at its deadline: errc::not_connected,
+  // source redis, naming the server and the last failure. No error while
+  // connected, while making the first connection, or between a break and the
+  // first reconnect attempt (0-25 ms later). Safe from any thread; a few
+  // atomic loads when up.
   Error down_error() const;
 
   ClientStats stats() const;

@@ -69,6 +69,10 @@ TEST_F(QuarantineTest, ARestartWithoutPersistenceIsQuarantinedForEveryClient) {
   ASSERT_EQ(refusal(*s1, resource("a")), "");
   ASSERT_EQ(refusal(*s2, resource("b")), "");
   server->restart();
+  // Back on the restarted server first (a try-once acquire on a client that
+  // is reconnecting fails at once with not_connected instead).
+  ASSERT_TRUE(c1->wait_connected(10s));
+  ASSERT_TRUE(c2->wait_connected(10s));
   // The first client to come back starts the quarantine...
   const std::string why = refusal(*s1, resource("a"));
   EXPECT_NE(why.find("server lost lock state"), std::string::npos) << why;
