@@ -93,8 +93,11 @@ void initiate(Handler&& handler, const boost::asio::any_io_executor& fallback, S
   done.started();
 }
 
+// The completion's exception, with a text of its own: copies of an Error
+// share their text, and the caller's copy is dropped on the event loop after
+// the handler returns, while a future's or a coroutine's thread reads this one.
 inline std::exception_ptr as_exception(const Error& e) {
-  return e ? std::make_exception_ptr(e) : std::exception_ptr();
+  return e ? std::make_exception_ptr(Error(e.code(), std::string(e.detail()), e.source())) : std::exception_ptr();
 }
 
 inline boost::asio::any_io_executor executor_of(const Lock& lock) {

@@ -562,6 +562,17 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
 }  // namespace
 
+namespace {
+// The exception a blocking call rethrows on the caller's thread, with a text
+// of its own: copies of an Error share their text, and the loop thread drops
+// its copy after the handler that fulfils the promise returns. Sharing it,
+// the caller's thread and the loop race to free it as far as TSan can see
+// (tests/tsan_suppressions.cpp); unshared, each frees its own.
+std::exception_ptr caller_exception(const Error& e) {
+  return std::make_exception_ptr(Error(e.code(), std::string(e.detail()), e.source()));
+}
+}  // namespace
+
 LockService::LockService(redis::Client& client, KeyBuilder keys, QuarantineOptions q)
     : client_(client),
       keys_(std::move(keys)),
@@ -618,16 +629,21 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
                             opts.ttl.count(), max_ttl_.count()));
   // Try-once on a client known to be down: the answer is known now, and
   // waiting out the command timeout for it helps nobody (a caller that
-  // wants to ride out a reconnect passes a wait).
-  if (opts.wait.count() == 0) {
-    if (Error down = client_.down_error(); down) {
-      class_metrics(opts.lock_class).redis_errors_total.inc();
-      asio::post(client_.get_executor(),
-                 [done = std::move(done), e = down.with_context("acquire of " + keys_.lock_key(resource))] {
-                   done(e, std::nullopt);
-                 });
-      return;
-    }
+  // wants to ride out a reconnect passes a wait). Answered from the loop,
+  // posted (never inside this call), and looked at again there: a client
+  // that came back meanwhile tries after all. The Error is built on the
+  // loop like every other acquire error, so the thread that drops its last
+  // reference is the one TSan expects (tests/tsan_suppressions.cpp).
+  if (opts.wait.count() == 0 && client_.down_error()) {
+    asio::post(client_.get_executor(), [self = shared_from_this(), resource = std::move(resource),
+                                        opts = std::move(opts), done = std::move(done)]() mutable {
+      if (Error down = self->client_.down_error(); down) {
+        class_metrics(opts.lock_class).redis_errors_total.inc();
+        return done(down.with_context("acquire of " + self->keys_.lock_key(resource)), std::nullopt);
+      }
+      std::make_shared<Waiter>(self, std::move(resource), std::move(opts), std::move(done))->start(self->impl_.get());
+    });
+    return;
   }
   auto w = std::make_shared<Waiter>(shared_from_this(), std::move(resource), std::move(opts), std::move(done));
   // On the loop already (a coroutine, a completion): start now, saving a hop.
@@ -643,10 +659,19 @@ Error LockService::subscriber_error() const {
 std::optional<Lock> LockService::acquire(std::string_view resource, const LockOptions& opts) {
   if (client_.running_in_loop_thread())
     throw Error(errc::invalid_argument, "blocking acquire on the event-loop thread would deadlock");
+  // Try-once on a client known to be down: answered on this thread, without
+  // a trip through the loop (async_acquire's check, for the blocking form).
+  if (opts.wait.count() == 0) {
+    if (Error down = client_.down_error(); down) {
+      const std::string key = keys_.lock_key(resource);  // a malformed resource is still invalid_argument
+      class_metrics(opts.lock_class).redis_errors_total.inc();
+      throw down.with_context("acquire of " + key);
+    }
+  }
   std::promise<std::optional<Lock>> p;
   auto f = p.get_future();
   async_acquire(std::string(resource), opts, [&p](const Error& e, std::optional<Lock> l) {
-    if (e) p.set_exception(std::make_exception_ptr(e));
+    if (e) p.set_exception(caller_exception(e));
     else p.set_value(std::move(l));
   });
   return f.get();
@@ -770,7 +795,7 @@ bool wait_for(const std::function<void(Lock::Handler)>& start) {
   std::promise<bool> p;
   auto f = p.get_future();
   start([&p](const Error& e, bool ours) {
-    if (e) p.set_exception(std::make_exception_ptr(e));
+    if (e) p.set_exception(caller_exception(e));
     else p.set_value(ours);
   });
   return f.get();
