@@ -119,8 +119,8 @@ class Lease {
 
  private:
   friend class LeaseScheduler;
+  bool stop_for_release();
   explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
-  bool stop_renewing();
   std::shared_ptr<State> s_;
 };
 

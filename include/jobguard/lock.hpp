@@ -197,6 +197,10 @@ class Lock {
   // released already. Throws Error naming the server and the key on a Redis
   // failure (the TTL frees the lock then).
   bool release();
+  // The same without blocking, also on the event-loop thread: `done` runs on
+  // the loop with the answer release() returns, or the Error (which names
+  // the key). Not held: `done` gets false at once.
+  void async_release(std::function<void(const Error&, bool)> done);
   // Compare-and-pexpire to `ttl` (default: the acquire ttl). False if no longer ours.
   bool extend(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
 

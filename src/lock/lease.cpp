@@ -351,7 +351,7 @@ std::function<bool()> Lease::when_ended(std::function<void(LeaseState)> fn) {
 // Stops renewing. True if the lease was still active (its lock is ours to
 // release); false if it was lost (never delete the key then: it is someone
 // else's or gone) or released already.
-bool Lease::stop_renewing() {
+bool Lease::stop_for_release() {
   if (!s_ || s_->release_called.exchange(true)) return false;
   auto& s = s_;
   LeaseState expected = LeaseState::active;
@@ -369,7 +369,7 @@ bool Lease::stop_renewing() {
 
 bool Lease::release() {
   // The handle stays usable (key(), reason()...) after release.
-  if (!stop_renewing()) return false;
+  if (!stop_for_release()) return false;
   if (s_->sched->service().client().running_in_loop_thread()) {
     // Cannot block here: send the release now without waiting for the reply
     // (left to the Lock's destructor, it would wait for the last handle).
@@ -384,7 +384,7 @@ bool Lease::release() {
 }
 
 void Lease::async_release(std::function<void(const Error&, bool)> done) {
-  if (!stop_renewing()) {
+  if (!stop_for_release()) {
     auto ex = s_ ? s_->sched->service().client().get_executor() : asio::any_io_executor(asio::system_executor());
     asio::post(ex, [done = std::move(done)] {
       if (done) done(Error(), false);

@@ -631,9 +631,7 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
   // waiting out the command timeout for it helps nobody (a caller that
   // wants to ride out a reconnect passes a wait). Answered from the loop,
   // posted (never inside this call), and looked at again there: a client
-  // that came back meanwhile tries after all. The Error is built on the
-  // loop like every other acquire error, so the thread that drops its last
-  // reference is the one TSan expects (tests/tsan_suppressions.cpp).
+  // that came back meanwhile tries after all.
   if (opts.wait.count() == 0 && client_.down_error()) {
     asio::post(client_.get_executor(), [self = shared_from_this(), resource = std::move(resource),
                                         opts = std::move(opts), done = std::move(done)]() mutable {
@@ -747,14 +745,18 @@ Lock::~Lock() {
   }
 }
 
+namespace {
+// A Lock no longer held answers false, posted like every other answer.
+void answer_not_held(const std::shared_ptr<LockService>& service, Lock::Handler done) {
+  asio::post(service ? service->client().get_executor() : asio::any_io_executor(asio::system_executor()),
+             [done = std::move(done)] {
+               if (done) done(Error(), false);
+             });
+}
+}  // namespace
+
 void Lock::async_release(Handler done) {
-  if (!held_) {
-    asio::post(service_ ? service_->client().get_executor() : asio::any_io_executor(asio::system_executor()),
-               [done = std::move(done)] {
-                 if (done) done(Error(), false);
-               });
-    return;
-  }
+  if (!held_) return answer_not_held(service_, std::move(done));
   held_ = false;
   metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
   service_->async_release(
@@ -768,13 +770,7 @@ void Lock::async_release(Handler done) {
 }
 
 void Lock::async_extend(std::chrono::milliseconds ttl, Handler done) {
-  if (!held_) {
-    asio::post(service_ ? service_->client().get_executor() : asio::any_io_executor(asio::system_executor()),
-               [done = std::move(done)] {
-                 if (done) done(Error(), false);
-               });
-    return;
-  }
+  if (!held_) return answer_not_held(service_, std::move(done));
   if (ttl.count() == 0) ttl = ttl_;
   service_->async_extend(resource_, token_, ttl, [done = std::move(done), key = key_](const Error& e, bool ours) {
     if (done) done(e ? e.with_context(key) : e, ours);
