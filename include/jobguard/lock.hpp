@@ -197,16 +197,13 @@ class Lock {
   // released already. Throws Error naming the server and the key on a Redis
   // failure (the TTL frees the lock then).
   bool release();
-  // The same without blocking, also on the event-loop thread: `done` runs on
-  // the loop with the answer release() returns, or the Error (which names
-  // the key). Not held: `done` gets false at once.
-  void async_release(std::function<void(const Error&, bool)> done);
   // Compare-and-pexpire to `ttl` (default: the acquire ttl). False if no longer ours.
   bool extend(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
 
   // The non-blocking forms, safe on the event-loop thread: `done` runs on
-  // the event loop, never inside the call, with the same answer and errors
-  // as the blocking form. The Lock must outlive the call only until it
+  // the event loop, never inside the call, with the answer the blocking form
+  // returns (false, posted, when not held), or its Error (which names the
+  // server and the key). The Lock must outlive the call only until it
   // returns (the operation keeps what it needs).
   using Handler = std::function<void(const Error&, bool)>;
   void async_release(Handler done);
