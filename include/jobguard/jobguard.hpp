@@ -42,6 +42,7 @@
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/job/supervisor.hpp"
+#include "jobguard/job/worker.hpp"
 #include "jobguard/observe/doctor.hpp"  // compiled into jobguard::job (it checks PostgreSQL too)
 
 // jobguard::observe
