@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/job/catalog.hpp"
 #include "jobguard/observe/fleet.hpp"
@@ -56,14 +57,8 @@ std::string read_whole(const std::string& path) {
 std::vector<job::ObservedHold> observed_hold_times(const Globals& g, std::chrono::minutes window) {
   auto conn = redis::parse_url(g.redis_url);
   if (conn.client_name.empty()) conn.client_name = "jobguard-policy";
-  redis::Client client(conn);
-  try {
-    client.exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
-  } catch (const Error& e) {
-    throw Error(errc::redis_unavailable,
-                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
-  }
-  const auto snap = observe::FleetReader(client).read(window);
+  const auto client = admin::connect_checked(conn);
+  const auto snap = observe::FleetReader(*client).read(window);
   std::vector<job::ObservedHold> out;
   for (const auto& c : snap.classes)
     if (auto p99 = c.hold_quantile_seconds(0.99)) out.push_back({c.lock_class, *p99, c.counts.hold_count()});
@@ -83,7 +78,9 @@ int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
   std::vector<job::CatalogFinding> findings;
   const auto catalog = job::Catalog::check(text, a.file, findings);
   if (with_redis) {
-    auto more = job::lint_hold_times(catalog, observed_hold_times(g, window));
+    auto more = job::lint_max_ttl(catalog, redis::parse_url(g.redis_url).lock_max_ttl);
+    findings.insert(findings.end(), more.begin(), more.end());
+    more = job::lint_hold_times(catalog, observed_hold_times(g, window));
     findings.insert(findings.end(), more.begin(), more.end());
   }
   std::size_t errors = 0;
