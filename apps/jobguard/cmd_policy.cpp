@@ -24,7 +24,8 @@ constexpr const char* kPolicyHelp = R"(The lock catalog: a YAML file declaring e
 
   jobguard policy lint FILE [--window 60m]
                                         check every class; with --redis also
-                                        compare each TTL with the fleet's
+                                        refuse a TTL above the URL's max_ttl
+                                        and compare each TTL with the fleet's
                                         observed p99 hold time over the window
                                         (classes with under 20 holds: skipped)
   jobguard policy doc FILE [--format md|html] [-o OUT]
