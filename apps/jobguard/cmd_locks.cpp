@@ -52,11 +52,7 @@ struct LocksArgs {
   std::size_t count = 100;
 };
 
-std::unique_ptr<redis::Client> connect_locks(const Globals& g) {
-  auto conn = redis::parse_url(g.redis_url);
-  if (conn.client_name.empty()) conn.client_name = "jobguard-locks";
-  return admin::connect_checked(conn);
-}
+std::unique_ptr<redis::Client> connect_locks(const Globals& g) { return connect_redis(g, "jobguard-locks"); }
 
 int run_ls(const Globals& g, const LocksArgs& a) {
   std::optional<job::Catalog> catalog;

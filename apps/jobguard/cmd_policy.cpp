@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "cli.hpp"
-#include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/job/catalog.hpp"
 #include "jobguard/observe/fleet.hpp"
@@ -56,9 +55,7 @@ std::string read_whole(const std::string& path) {
 // Each class's p99 hold time as the fleet published it (observe::FleetReader)
 // over the window.
 std::vector<job::ObservedHold> observed_hold_times(const Globals& g, std::chrono::minutes window) {
-  auto conn = redis::parse_url(g.redis_url);
-  if (conn.client_name.empty()) conn.client_name = "jobguard-policy";
-  const auto client = admin::connect_checked(conn);
+  const auto client = connect_redis(g, "jobguard-policy");
   const auto snap = observe::FleetReader(*client).read(window);
   std::vector<job::ObservedHold> out;
   for (const auto& c : snap.classes)

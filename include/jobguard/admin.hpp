@@ -14,14 +14,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "jobguard/lock.hpp"
-#include "jobguard/redis/options.hpp"
 
 namespace jobguard::admin {
 
@@ -97,11 +95,6 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count = 10
 // --- what `jobguard locks` prints (pure; any thread) -----------------------------
 // The CLI is a thin layer over these, so another tool (a chat bot, a web page)
 // shows the same columns and the same JSON as the command line.
-
-// A client for one operator command, PINGed within the connect timeout, so an
-// unreachable Redis is one clear error. Throws Error(redis_unavailable)
-// naming the URL (password masked).
-std::unique_ptr<redis::Client> connect_checked(const redis::ConnectionOptions& conn);
 
 // "invoice:1" or "jobguard:lock:{invoice:1}" (a lock key of `keys`' prefix)
 // -> "invoice:1". Throws Error(invalid_argument) for a malformed resource.

@@ -8,8 +8,6 @@
 
 #include "jobguard/admin.hpp"
 #include "jobguard/duration.hpp"
-#include "jobguard/error.hpp"
-#include "jobguard/redis/client.hpp"
 
 namespace jobguard::admin {
 namespace {
@@ -58,17 +56,6 @@ const char* outcome_name(ForceReleaseResult::Outcome o) {
 }
 
 }  // namespace
-
-std::unique_ptr<redis::Client> connect_checked(const redis::ConnectionOptions& conn) {
-  auto client = std::make_unique<redis::Client>(conn);
-  try {
-    client->exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
-  } catch (const Error& e) {
-    throw Error(errc::redis_unavailable,
-                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
-  }
-  return client;
-}
 
 std::string parse_resource(const KeyBuilder& keys, std::string_view key_or_resource) {
   if (auto r = keys.resource_of(key_or_resource)) return *r;
