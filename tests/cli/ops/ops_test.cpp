@@ -46,6 +46,22 @@ class OpsCli : public CliTest {
     return p;
   }
   void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+  // One catalog entry with every field: a low, unfenced, non-renewing class
+  // whose key pattern is "<name>:{id}".
+  static std::string yaml_class(const std::string& name, const std::string& ttl) {
+    return fmt::format(R"(  - name: {}
+    key: "{}:{{id}}"
+    owner: ops
+    protects: a test resource
+    consequence: low
+    ttl: {}
+    renewal: false
+    hard_timeout: none
+    fencing: false
+    on_redis_down: fail-closed
+    fallback: none
+)", name, name, ttl);
+  }
 };
 
 TEST_F(OpsCli, LocksLsAndShowNameTheHolderOfARun) {
@@ -252,18 +268,7 @@ TEST_F(OpsCli, PolicyLintJudgesTtlsByTheFleetsObservedHoldTimes) {
   const auto cat = file("fleet.yaml");
   std::string yaml = "classes:\n";
   for (auto [name, ttl] : {std::pair{"lint-hot", "400ms"}, {"lint-cold", "60s"}, {"lint-fine", "3s"}})
-    yaml += fmt::format(R"(  - name: {}
-    key: "{}:{{id}}"
-    owner: ops
-    protects: a test resource
-    consequence: low
-    ttl: {}
-    renewal: false
-    hard_timeout: none
-    fencing: false
-    on_redis_down: fail-closed
-    fallback: none
-)", name, name, ttl);
+    yaml += yaml_class(name, ttl);
   write(cat, yaml);
   // Without --redis only the declarations are judged: all fine.
   Subprocess offline({jobguard_binary(), "policy", "lint", cat});
@@ -284,19 +289,7 @@ TEST_F(OpsCli, PolicyLintJudgesTtlsByTheFleetsObservedHoldTimes) {
 
 TEST_F(OpsCli, PolicyLintWithRedisRefusesATtlAboveTheUrlsMaxTtl) {
   const auto cat = file("long.yaml");
-  write(cat, R"(classes:
-  - name: report
-    key: "report:{id}"
-    owner: analytics
-    protects: one nightly report
-    consequence: low
-    ttl: 2m
-    renewal: false
-    hard_timeout: none
-    fencing: false
-    on_redis_down: fail-closed
-    fallback: tomorrow
-)");
+  write(cat, "classes:\n" + yaml_class("report", "2m"));
   // The URL's max_ttl defaults to 60s: every acquire of this class is refused.
   auto r = jg({"policy", "lint", cat});
   EXPECT_EQ(r.status, 65) << r.out << r.err;
