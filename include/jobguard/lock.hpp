@@ -292,8 +292,8 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Internal, for src/lock: the lock-state gate (lock/quarantine.hpp).
   const std::shared_ptr<void>& gate() const noexcept { return gate_; }
   std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }
-  // Internal, for src/lock: a class's metrics in this service's registry,
-  // remembered per thread (any thread).
+  // Internal, for src/lock: a class's metrics in this service's registry.
+  // The client's event-loop thread only (it remembers the last class).
   observe::LockClassMetrics& class_metrics(const std::string& lock_class) const;
 
  private:

@@ -124,6 +124,8 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   std::unordered_map<std::string, Channel> channels;               // by channel name; loop thread only
   std::unordered_map<std::string, WaiterBase*> granted_by_token;   // fair waiters; loop thread only
   std::unordered_map<std::string, MonotonicClock::time_point> abandoned;   // token -> forget after; loop thread only
+  std::string last_class;                                  // LockService::class_metrics; loop thread only
+  observe::LockClassMetrics* last_metrics = nullptr;
 
   redis::Subscriber& sub() {
     if (!subscriber) {
@@ -518,18 +520,17 @@ LockService::LockService(redis::Client& client, LockServiceOptions o)
 }
 
 observe::LockClassMetrics& LockService::class_metrics(const std::string& lock_class) const {
-  // The registry lookup takes a shared lock and a map search; a worker thread
-  // almost always asks for the same class of the same registry again, so
-  // remember the last one.
-  thread_local std::string last_name;
-  thread_local const observe::Registry* last_registry = nullptr;
-  thread_local observe::LockClassMetrics* last = nullptr;
-  if (last == nullptr || last_registry != registry_ || last_name != lock_class) {
-    last = &registry_->lock_class(lock_class);
-    last_registry = registry_;
-    last_name = lock_class;
+  // The registry lookup takes a shared lock and a map search; a service almost
+  // always asks for the same class again, so it remembers the last one. Per
+  // service, not per thread: a thread-local cache keyed by the registry's
+  // address would hand out a dead registry's metrics when a new registry
+  // (a test's) is allocated where an old one was.
+  auto& im = *impl_;
+  if (im.last_metrics == nullptr || im.last_class != lock_class) {
+    im.last_metrics = &registry_->lock_class(lock_class);
+    im.last_class = lock_class;
   }
-  return *last;
+  return *im.last_metrics;
 }
 
 LockService::~LockService() {
