@@ -266,7 +266,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
         resource_(std::move(resource)),
         opts_(std::move(opts)),
         done_(std::move(done)),
-        m_(Machine::Config{opts_.ttl, opts_.wait, opts_.fair, opts_.backoff_min, opts_.backoff_max}, seed()) {}
+        m_(Machine::Config{opts_.ttl, opts_.wait, opts_.fair, opts_.backoff_min, opts_.backoff_max}) {}
 
   void start(LockService::Impl* impl) {
     impl_ = impl;
@@ -348,8 +348,10 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   }
 
   void subscribe() {
-    // A plain waiter's channel is built only now: a try-once acquire, the
-    // common case, never needs it.
+    // Only a waiter that waits sleeps: the jitter is drawn now, and a try-once
+    // acquire, the common case, never pays for it. Likewise a plain waiter's
+    // channel is built only now.
+    m_.seed(seed());
     if (opts_.fair) impl_->granted_by_token[token_] = this;
     else channel_ = svc_->keys().channel(resource_);
     const auto heard = impl_->watch(channel_, this, sent_at_);
@@ -479,7 +481,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (a.result != Machine::Result::granted) return done(Error(), std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
-    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), a.fence, opts_, a.at,
+    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), a.fence(), opts_, a.at,
                                 ticket_ ? ticket_->epoch : std::string());
     done(Error(), std::move(lock));
   }

@@ -8,10 +8,8 @@ using Action = WaiterMachine::Action;
 using Actions = WaiterMachine::Actions;
 
 namespace {
-Action act(Action::Kind k) { return Action{k, {}, WaiterMachine::Result::busy, std::nullopt}; }
+Action act(Action::Kind k) { return Action{{}, 0, k, WaiterMachine::Result::busy, false}; }
 }  // namespace
-
-WaiterMachine::WaiterMachine(Config c, std::uint64_t seed) noexcept : c_(c), rng_(seed) {}
 
 // splitmix64: a waiter draws a handful of numbers; a std::mt19937_64 per
 // waiter (2.5 KB of state) would cost more than the acquire.
@@ -273,7 +271,8 @@ Actions WaiterMachine::finish_granted(time_point ttl_from, std::optional<std::in
   Action c = act(Action::complete);
   c.result = Result::granted;
   c.at = ttl_from;
-  c.fence = fence;
+  c.has_fence = fence.has_value();
+  c.fence_value = fence.value_or(0);
   a.push(c);
   phase_ = Phase::done;
   return a;

@@ -10,7 +10,7 @@
 // allocation on any path: a try-once acquire pays for two events.
 #pragma once
 
-#include <array>
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -62,30 +62,45 @@ class WaiterMachine {
       pass_on_grant,  // fair: a release handed the lock to us and we will not use it: release it
       complete,       // the acquire ends with `result`; nothing follows
     };
+    // Plain data without initializers, so an Actions list costs nothing to
+    // make: every acquire returns two of them.
+    time_point at;            // arm_timer: when; complete(granted): the TTL's start
+    std::int64_t fence_value; // complete(granted), when has_fence
     Kind kind;
-    time_point at{};                   // arm_timer: when; complete(granted): the TTL's start
-    Result result = Result::busy;      // complete
-    std::optional<std::int64_t> fence; // complete(granted)
+    Result result;            // complete
+    bool has_fence;
+    std::optional<std::int64_t> fence() const noexcept {
+      return has_fence ? std::optional<std::int64_t>(fence_value) : std::nullopt;
+    }
   };
 
-  // At most one event's worth; iterate with begin()/end().
+  // At most one event's worth; iterate with begin()/end(). Copies only the
+  // actions it holds.
   class Actions {
    public:
-    const Action* begin() const noexcept { return a_.data(); }
-    const Action* end() const noexcept { return a_.data() + n_; }
+    Actions() noexcept {}
+    Actions(const Actions& o) noexcept : n_(o.n_) { std::copy_n(o.a_, o.n_, a_); }
+    Actions& operator=(const Actions& o) noexcept {
+      n_ = o.n_;
+      std::copy_n(o.a_, o.n_, a_);
+      return *this;
+    }
+    const Action* begin() const noexcept { return a_; }
+    const Action* end() const noexcept { return a_ + n_; }
     std::size_t size() const noexcept { return n_; }
     bool empty() const noexcept { return n_ == 0; }
     const Action& operator[](std::size_t i) const noexcept { return a_[i]; }
-    void push(Action a) noexcept { a_[n_++] = a; }
+    void push(const Action& a) noexcept { a_[n_++] = a; }
 
    private:
-    std::array<Action, 7> a_{};
+    Action a_[6];  // the longest list: cancel while sleeping
     std::size_t n_ = 0;
   };
 
-  // `seed` feeds the backoff's jitter (the shell draws it from its generator;
-  // tests fix it).
-  WaiterMachine(Config c, std::uint64_t seed) noexcept;
+  explicit WaiterMachine(Config c) noexcept : c_(c) {}
+  // Feeds the backoff's jitter; before the first sleep (the shell draws it
+  // once a wait is needed, so a try-once acquire draws nothing; tests fix it).
+  void seed(std::uint64_t s) noexcept { rng_ = s; }
 
   Actions start(time_point now);
   // The attempt asked for went out now: its TTL cannot have started earlier.
@@ -132,7 +147,7 @@ class WaiterMachine {
   std::uint64_t next_random() noexcept;
 
   Config c_;
-  std::uint64_t rng_;
+  std::uint64_t rng_ = 0;
   Phase phase_ = Phase::idle;
   time_point deadline_{}, sent_at_{}, last_busy_sent_{};
   int tries_ = 0;

@@ -56,6 +56,12 @@ WaiterMachine::Config fair(std::chrono::milliseconds wait = 10s, std::chrono::mi
   return {.ttl = ttl, .wait = wait, .fair = true, .backoff_min = 5ms, .backoff_max = 200ms};
 }
 
+WaiterMachine machine(WaiterMachine::Config c, std::uint64_t seed) {
+  WaiterMachine m(c);
+  m.seed(seed);
+  return m;
+}
+
 // Starts `m` at t0, sends its attempt at t0 + 1 ms and answers busy; the
 // waiter subscribes and hears `h`. Returns what it did then.
 WaiterMachine::Actions queue_up(WaiterMachine& m, Heard h = Heard::yes) {
@@ -70,20 +76,20 @@ WaiterMachine::Actions queue_up(WaiterMachine& m, Heard h = Heard::yes) {
 // --- trying once -------------------------------------------------------------
 
 TEST(WaiterMachine, TryOnceGrantedCountsTheTtlFromTheSendNotTheReply) {
-  WaiterMachine m(plain(0ms), 1);
+  WaiterMachine m = machine(plain(0ms), 1);
   EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
   m.sent(t0 + 1ms);
   const auto a = m.reply(t0 + 40ms, Reply::granted, 7);
   ASSERT_EQ(kinds(a), V{"complete"});
   EXPECT_EQ(a[0].result, Result::granted);
   EXPECT_EQ(a[0].at, t0 + 1ms);
-  EXPECT_EQ(a[0].fence, 7);
+  EXPECT_EQ(a[0].fence(), 7);
   EXPECT_TRUE(m.done());
   EXPECT_FALSE(m.saw_busy());
 }
 
 TEST(WaiterMachine, TryOnceBusyGivesUpWithoutListening) {
-  WaiterMachine m(plain(0ms), 1);
+  WaiterMachine m = machine(plain(0ms), 1);
   m.start(t0);
   m.sent(t0);
   const auto a = m.reply(t0 + 1ms, Reply::busy);
@@ -93,7 +99,7 @@ TEST(WaiterMachine, TryOnceBusyGivesUpWithoutListening) {
 }
 
 TEST(WaiterMachine, ARedisErrorFailsTheAcquire) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   m.start(t0);
   m.sent(t0);
   const auto a = m.reply(t0 + 1ms, Reply::error);
@@ -104,7 +110,7 @@ TEST(WaiterMachine, ARedisErrorFailsTheAcquire) {
 // --- plain waiting -------------------------------------------------------------
 
 TEST(WaiterMachine, PlainWaiterListensOnlyAfterItsFirstBusyAttempt) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
   m.sent(t0);
   EXPECT_EQ(kinds(m.reply(t0 + 1ms, Reply::busy)), V{"subscribe"});
@@ -118,19 +124,19 @@ TEST(WaiterMachine, PlainWaiterListensOnlyAfterItsFirstBusyAttempt) {
 TEST(WaiterMachine, AChannelConfirmedWhileTheBusyAttemptFlewMeansLookingAgain) {
   // The release may have been published between the attempt and the
   // confirmation, where nobody heard it.
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   EXPECT_EQ(kinds(queue_up(m, Heard::look_again)), V{"send_attempt"});
 }
 
 TEST(WaiterMachine, AChannelNotYetConfirmedWakesTheWaiterWithItsConfirmation) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   EXPECT_EQ(kinds(queue_up(m, Heard::on_ready)), V{"arm_timer"});
   // The shell reports the confirmation as a wake.
   EXPECT_EQ(kinds(m.release_message(t0 + 3ms)), (V{"cancel_timer", "send_attempt"}));
 }
 
 TEST(WaiterMachine, WaiterIsWokenByTheReleaseNotBackoff) {
-  WaiterMachine m(WaiterMachine::Config{.ttl = 30s, .wait = 20s, .backoff_min = 10s, .backoff_max = 10s}, 3);
+  WaiterMachine m = machine(WaiterMachine::Config{.ttl = 30s, .wait = 20s, .backoff_min = 10s, .backoff_max = 10s}, 3);
   const auto armed = queue_up(m);
   ASSERT_EQ(kinds(armed), V{"arm_timer"});
   EXPECT_EQ(kinds(m.release_message(t0 + 300ms)), (V{"cancel_timer", "send_attempt"}));
@@ -144,7 +150,7 @@ TEST(WaiterMachine, WaiterIsWokenByTheReleaseNotBackoff) {
 TEST(WaiterMachine, AReleaseHeardWhileAnAttemptIsInFlightMeansOneMoreAttemptAtOnce) {
   // The attempt on the wire may have run before the release: its busy reply
   // must not put the waiter to sleep through the release.
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   ASSERT_EQ(kinds(m.timer_fired(t0 + 50ms)), V{"send_attempt"});
   m.sent(t0 + 50ms);
@@ -153,7 +159,7 @@ TEST(WaiterMachine, AReleaseHeardWhileAnAttemptIsInFlightMeansOneMoreAttemptAtOn
 }
 
 TEST(WaiterMachine, AReleaseHeardDuringTheGateCheckAlsoMeansLookingAgain) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   ASSERT_EQ(kinds(m.timer_fired(t0 + 50ms)), V{"send_attempt"});
   EXPECT_TRUE(m.release_message(t0 + 51ms).empty());  // the gate is still checking
@@ -164,7 +170,7 @@ TEST(WaiterMachine, AReleaseHeardDuringTheGateCheckAlsoMeansLookingAgain) {
 TEST(WaiterMachine, LostNotificationCostsOneBackoffNotAHang) {
   // The lock was deleted behind our back (a plain DEL, a reconnecting
   // subscriber): no message comes, the backoff timer finds the free lock.
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   const auto armed = queue_up(m);
   ASSERT_EQ(kinds(armed), V{"arm_timer"});
   EXPECT_LE(armed[0].at, t0 + 2ms + 5ms);  // the first backoff is at most backoff_min
@@ -178,7 +184,7 @@ TEST(WaiterMachine, PlainBackoffIsFullJitterUnderADoublingCap) {
   const std::vector<long long> caps = {5, 10, 20, 40, 80, 160, 200, 200, 200};
   std::vector<std::vector<long long>> drawn(caps.size());
   for (std::uint64_t seed = 0; seed < 3000; ++seed) {
-    WaiterMachine m(plain(1h), seed);
+    WaiterMachine m = machine(plain(1h), seed);
     auto a = queue_up(m);
     T now = t0 + 2ms;
     for (std::size_t n = 0; n < caps.size(); ++n) {
@@ -201,7 +207,7 @@ TEST(WaiterMachine, PlainBackoffIsFullJitterUnderADoublingCap) {
 }
 
 TEST(WaiterMachine, BackoffNeverSleepsPastTheDeadlineAndTheWaitEndsThere) {
-  WaiterMachine m(WaiterMachine::Config{.ttl = 30s, .wait = 300ms, .backoff_min = 10s, .backoff_max = 10s}, 1);
+  WaiterMachine m = machine(WaiterMachine::Config{.ttl = 30s, .wait = 300ms, .backoff_min = 10s, .backoff_max = 10s}, 1);
   const auto a = queue_up(m);
   ASSERT_EQ(kinds(a), V{"arm_timer"});
   EXPECT_EQ(a[0].at, t0 + 300ms);
@@ -213,7 +219,7 @@ TEST(WaiterMachine, BackoffNeverSleepsPastTheDeadlineAndTheWaitEndsThere) {
 }
 
 TEST(WaiterMachine, AStaleTimerWhileAnAttemptIsInFlightIsIgnored) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   ASSERT_EQ(kinds(m.release_message(t0 + 3ms)), (V{"cancel_timer", "send_attempt"}));
   EXPECT_TRUE(m.timer_fired(t0 + 4ms).empty());
@@ -222,7 +228,7 @@ TEST(WaiterMachine, AStaleTimerWhileAnAttemptIsInFlightIsIgnored) {
 }
 
 TEST(WaiterMachine, EventsAfterTheEndAreIgnored) {
-  WaiterMachine m(plain(0ms), 1);
+  WaiterMachine m = machine(plain(0ms), 1);
   m.start(t0);
   m.sent(t0);
   m.reply(t0, Reply::granted);
@@ -237,7 +243,7 @@ TEST(WaiterMachine, EventsAfterTheEndAreIgnored) {
 // --- the gate (quarantine) -----------------------------------------------------
 
 TEST(WaiterMachine, AQuarantineEndingWithinTheWaitIsWaitedOut) {
-  WaiterMachine m(plain(2s), 1);
+  WaiterMachine m = machine(plain(2s), 1);
   m.start(t0);
   const auto a = m.refused(t0 + 1ms, 500ms);
   ASSERT_EQ(kinds(a), V{"arm_timer"});
@@ -246,7 +252,7 @@ TEST(WaiterMachine, AQuarantineEndingWithinTheWaitIsWaitedOut) {
 }
 
 TEST(WaiterMachine, AQuarantineOutlastingTheWaitFailsTheAcquire) {
-  WaiterMachine m(plain(2s), 1);
+  WaiterMachine m = machine(plain(2s), 1);
   m.start(t0);
   const auto a = m.refused(t0 + 1ms, 5s);
   ASSERT_EQ(kinds(a), V{"complete"});
@@ -254,7 +260,7 @@ TEST(WaiterMachine, AQuarantineOutlastingTheWaitFailsTheAcquire) {
 }
 
 TEST(WaiterMachine, AGrantFromAnUncheckedConnectionIsHandedBackAndAskedAgain) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   m.start(t0);
   m.sent(t0);
   EXPECT_EQ(kinds(m.reply(t0 + 1ms, Reply::unchecked_grant)), (V{"discard_grant", "send_attempt"}));
@@ -265,7 +271,7 @@ TEST(WaiterMachine, AGrantFromAnUncheckedConnectionIsHandedBackAndAskedAgain) {
 }
 
 TEST(WaiterMachine, AnEvictionSeenByTheScriptAsksAgainAfterTheGate) {
-  WaiterMachine m(plain(0ms), 1);
+  WaiterMachine m = machine(plain(0ms), 1);
   m.start(t0);
   m.sent(t0);
   EXPECT_EQ(kinds(m.reply(t0 + 1ms, Reply::retry)), V{"send_attempt"});
@@ -276,7 +282,7 @@ TEST(WaiterMachine, AnEvictionSeenByTheScriptAsksAgainAfterTheGate) {
 
 TEST(WaiterMachine, AQueuedFairWaiterOnlyRefreshesItsPlaceEveryHalfToFullBackoffMax) {
   for (std::uint64_t seed = 0; seed < 100; ++seed) {
-    WaiterMachine m(fair(1h), seed);
+    WaiterMachine m = machine(fair(1h), seed);
     auto a = queue_up(m);
     T now = t0 + 2ms;
     for (int n = 0; n < 5; ++n) {
@@ -295,31 +301,31 @@ TEST(WaiterMachine, FairReleaseHandsTheLockToTheQueueHeadWithTheTtlFromItsLastBu
   // FairReleaseHandsTheLockToTheQueueHead / FairGrantCarriesAFreshFence: the
   // grant ran after our last busy attempt was sent, so that send time is a
   // start of the TTL no later than the server's.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   const auto a = m.grant_message(t0 + 50ms, 42);
   EXPECT_EQ(kinds(a), (V{"cancel_timer", "unsubscribe", "complete"}));
   EXPECT_EQ(last(a).result, Result::granted);
   EXPECT_EQ(last(a).at, t0 + 1ms);
-  EXPECT_EQ(last(a).fence, 42);
+  EXPECT_EQ(last(a).fence(), 42);
 }
 
 TEST(WaiterMachine, FairGrantAfterALongQuietWaitRestartsTheTtl) {
   // ttl 400 ms, the last busy attempt 300 ms back (> ttl/4): a TTL counted
   // from it would be mostly spent, so one attempt restarts it (acquire.lua
   // finds the lock holding our token) and the TTL counts from that send.
-  WaiterMachine m(fair(10s, 400ms), 1);
+  WaiterMachine m = machine(fair(10s, 400ms), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   EXPECT_EQ(kinds(m.grant_message(t0 + 302ms, std::nullopt)), (V{"cancel_timer", "send_attempt"}));
   m.sent(t0 + 303ms);
   const auto a = m.reply(t0 + 304ms, Reply::granted, 9);
   EXPECT_EQ(last(a).result, Result::granted);
   EXPECT_EQ(last(a).at, t0 + 303ms);
-  EXPECT_EQ(last(a).fence, 9);
+  EXPECT_EQ(last(a).fence(), 9);
 }
 
 TEST(WaiterMachine, AGrantWithinAQuarterTtlOfTheLastBusyAttemptIsUsedAtOnce) {
-  WaiterMachine m(fair(10s, 400ms), 1);
+  WaiterMachine m = machine(fair(10s, 400ms), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   // 100 ms after the busy send: exactly a quarter, not more.
   EXPECT_EQ(last(m.grant_message(t0 + 101ms, std::nullopt)).result, Result::granted);
@@ -330,7 +336,7 @@ TEST(WaiterMachine, GrantWhileTheHeadsOwnAttemptIsInFlightThatRanBeforeItWaitsFo
   // over while our refresh is on the wire. The refresh ran before the grant
   // (busy): we wait for its reply, so it cannot run after our own release,
   // and count the TTL from its send, which precedes the grant.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   ASSERT_EQ(kinds(m.timer_fired(t0 + 150ms)), V{"send_attempt"});
   m.sent(t0 + 150ms);
@@ -339,13 +345,13 @@ TEST(WaiterMachine, GrantWhileTheHeadsOwnAttemptIsInFlightThatRanBeforeItWaitsFo
   EXPECT_EQ(kinds(a), (V{"unsubscribe", "complete"}));
   EXPECT_EQ(last(a).result, Result::granted);
   EXPECT_EQ(last(a).at, t0 + 150ms);
-  EXPECT_EQ(last(a).fence, 5);
+  EXPECT_EQ(last(a).fence(), 5);
 }
 
 TEST(WaiterMachine, GrantWhileTheHeadsOwnAttemptIsInFlightThatRanAfterItTakesTheReply) {
   // The refresh ran after the grant: the script found the lock holding our
   // token, restarted its TTL and says granted with the grant's fence.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   m.timer_fired(t0 + 150ms);
   m.sent(t0 + 150ms);
@@ -353,13 +359,13 @@ TEST(WaiterMachine, GrantWhileTheHeadsOwnAttemptIsInFlightThatRanAfterItTakesThe
   const auto a = m.reply(t0 + 152ms, Reply::granted, 5);
   EXPECT_EQ(last(a).result, Result::granted);
   EXPECT_EQ(last(a).at, t0 + 150ms);
-  EXPECT_EQ(last(a).fence, 5);
+  EXPECT_EQ(last(a).fence(), 5);
 }
 
 TEST(WaiterMachine, GrantWhileAnAttemptIsInFlightThatFailsIsPassedOn) {
   // We are the holder already, but our acquire reports an error: nobody would
   // use the lock until its TTL, so it is released to the next head.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   m.timer_fired(t0 + 150ms);
   m.sent(t0 + 150ms);
@@ -374,7 +380,7 @@ TEST(WaiterMachine, GrantToAWaiterThatGaveUpIsPassedOnByTheService) {
   // says whether a release had handed it the lock) and marks its token
   // abandoned, so a grant message arriving afterwards, which no waiter
   // receives any more, is answered by the service with a release.
-  WaiterMachine m(fair(600ms), 1);
+  WaiterMachine m = machine(fair(600ms), 1);
   const auto armed = queue_up(m);
   ASSERT_EQ(kinds(armed), V{"arm_timer"});
   m.timer_fired(t0 + 600ms);
@@ -388,7 +394,7 @@ TEST(WaiterMachine, GrantToAWaiterThatGaveUpIsPassedOnByTheService) {
 TEST(WaiterMachine, LostGrantMessageIsFoundByTheNextRefresh) {
   // The release made us the holder but its message never came (subscriber
   // reconnecting): the next refresh finds the lock holding our token.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   const auto armed = queue_up(m);
   ASSERT_EQ(kinds(m.timer_fired(armed[0].at)), V{"send_attempt"});
   m.sent(armed[0].at);
@@ -401,7 +407,7 @@ TEST(WaiterMachine, AGrantDuringTheGateCheckIsSeenByTheAttemptItself) {
   // The grant came before our attempt was sent, so the attempt runs after
   // it: a busy answer then means the granted lock is gone again (expired,
   // force-released), not that we hold it.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   ASSERT_EQ(kinds(m.timer_fired(t0 + 150ms)), V{"send_attempt"});
   EXPECT_TRUE(m.grant_message(t0 + 151ms, 5).empty());
@@ -411,7 +417,7 @@ TEST(WaiterMachine, AGrantDuringTheGateCheckIsSeenByTheAttemptItself) {
 }
 
 TEST(WaiterMachine, AGrantDuringTheGateCheckThatRefusesIsPassedOn) {
-  WaiterMachine m(fair(1s), 1);
+  WaiterMachine m = machine(fair(1s), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   m.timer_fired(t0 + 150ms);
   m.grant_message(t0 + 151ms, std::nullopt);
@@ -424,7 +430,7 @@ TEST(WaiterMachine, AGrantHandedBackAsUncheckedIsNotTakenForALaterBusyReply) {
   // A grant arrives while an attempt is in flight; the reply comes on a new
   // connection (unchecked), so the lock is handed back, and the grant with
   // it. The next attempt's busy must not be read as "ran before the grant".
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   m.timer_fired(t0 + 150ms);
   m.sent(t0 + 150ms);
@@ -437,7 +443,7 @@ TEST(WaiterMachine, AGrantHandedBackAsUncheckedIsNotTakenForALaterBusyReply) {
 TEST(WaiterMachine, AGrantSurvivesAnEvictionRetry) {
   // acquire.lua refused before doing anything (an eviction since the gate's
   // check): the grant still stands and the next attempt finds it.
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   m.timer_fired(t0 + 150ms);
   m.sent(t0 + 150ms);
@@ -451,7 +457,7 @@ TEST(WaiterMachine, AGrantThatWasLostAgainLeavesNothingToPassOn) {
   // A stale grant (> ttl/4) makes us ask again; that attempt, sent after the
   // grant, says busy: the lock is no longer ours, so a later give-up does
   // not release it.
-  WaiterMachine m(fair(1s, 400ms), 1);
+  WaiterMachine m = machine(fair(1s, 400ms), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   ASSERT_EQ(kinds(m.grant_message(t0 + 500ms, std::nullopt)), (V{"cancel_timer", "send_attempt"}));
   m.sent(t0 + 500ms);
@@ -465,7 +471,7 @@ TEST(WaiterMachine, AGrantThatWasLostAgainLeavesNothingToPassOn) {
 TEST(WaiterMachine, FairModeWaitersCompleteInTheOrderTheirGrantsArrive) {
   // FairModeHandsOffInArrivalOrder, the waiter's part: two queued waiters do
   // nothing but refresh until the release that reaches each of them.
-  WaiterMachine b(fair(), 1), c(fair(), 2);
+  WaiterMachine b = machine(fair(), 1), c = machine(fair(), 2);
   ASSERT_EQ(kinds(queue_up(b)), V{"arm_timer"});
   ASSERT_EQ(kinds(queue_up(c)), V{"arm_timer"});
   EXPECT_EQ(last(b.grant_message(t0 + 10ms, std::nullopt)).result, Result::granted);
@@ -476,7 +482,7 @@ TEST(WaiterMachine, FairModeWaitersCompleteInTheOrderTheirGrantsArrive) {
 // --- cancel ----------------------------------------------------------------------
 
 TEST(WaiterMachine, CancelWhileSleepingLeavesTheQueueAtOnce) {
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   const auto a = m.cancel(t0 + 10ms);
   EXPECT_EQ(kinds(a), (V{"cancel_timer", "leave_queue", "unsubscribe", "abandon", "complete"}));
@@ -484,7 +490,7 @@ TEST(WaiterMachine, CancelWhileSleepingLeavesTheQueueAtOnce) {
 }
 
 TEST(WaiterMachine, CancelWithAnAttemptInFlightHandsBackTheGrantItBrings) {
-  WaiterMachine m(plain(), 1);
+  WaiterMachine m = machine(plain(), 1);
   m.start(t0);
   m.sent(t0);
   EXPECT_TRUE(m.cancel(t0 + 1ms).empty());  // ends on the reply
@@ -494,7 +500,7 @@ TEST(WaiterMachine, CancelWithAnAttemptInFlightHandsBackTheGrantItBrings) {
 }
 
 TEST(WaiterMachine, CancelWithAFairAttemptInFlightThatRanBeforeAGrantPassesTheGrantOn) {
-  WaiterMachine m(fair(), 1);
+  WaiterMachine m = machine(fair(), 1);
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   m.timer_fired(t0 + 150ms);
   m.sent(t0 + 150ms);
