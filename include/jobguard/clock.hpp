@@ -3,7 +3,7 @@
 // test crosses a TTL by moving a clock instead of sleeping.
 //
 // Who takes one: LockServiceOptions::clock, LeaseSchedulerOptions::clock (and,
-// with the same types, the job runner). Default everywhere: steady_clock().
+// with the same types, the job runner). Default everywhere: MonotonicClock::steady().
 // Time points stay std::chrono::steady_clock::time_point, so a Lock's
 // acquired_at() and a Lease's deadline() keep their types; a replacement clock
 // only chooses which instant "now" is. Timers still run on the host's steady
@@ -25,11 +25,13 @@ class MonotonicClock {
   virtual ~MonotonicClock() = default;
   // Never goes backwards.
   virtual time_point now() const noexcept = 0;
-};
 
-// The process-wide std::chrono::steady_clock, the default wherever a clock is
-// optional.
-const MonotonicClock& steady_clock() noexcept;
+  // std::chrono::steady_clock, the default wherever a clock is optional. A
+  // member, not a free jobguard::steady_clock(): that name would hide
+  // std::chrono::steady_clock from code in namespace jobguard that has
+  // `using namespace std::chrono`.
+  static const MonotonicClock& steady() noexcept;
+};
 
 // A clock that moves only when told to, for tests. Starts at `start` (default:
 // an instant far from steady_clock's epoch, so "before the start" is

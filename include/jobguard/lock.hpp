@@ -222,7 +222,7 @@ struct LockServiceOptions {
   QuarantineOptions quarantine{};
   // The monotonic clock waits, TTL starts (Lock::acquired_at) and quarantine
   // deadlines are read from; leases of this service's locks count on it too.
-  // Default null = jobguard::steady_clock(). Not owned: it must outlive the
+  // Default null = MonotonicClock::steady(). Not owned: it must outlive the
   // service and every Lock and Lease it grants.
   const MonotonicClock* clock = nullptr;
   // Where the per-class lock metrics go. Default null =

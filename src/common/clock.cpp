@@ -9,7 +9,7 @@ class Steady final : public MonotonicClock {
 };
 }  // namespace
 
-const MonotonicClock& steady_clock() noexcept {
+const MonotonicClock& MonotonicClock::steady() noexcept {
   // Never destroyed: a lock released by a static's destructor or a loop
   // thread still running at exit must still find it.
   static const Steady* const s = new Steady;

@@ -510,7 +510,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
 LockService::LockService(redis::Client& client, LockServiceOptions o)
     : client_(client),
-      clock_(o.clock ? o.clock : &steady_clock()),
+      clock_(o.clock ? o.clock : &MonotonicClock::steady()),
       registry_(o.metrics ? o.metrics : &observe::Registry::global()),
       keys_(std::move(o.keys)),
       max_ttl_(o.quarantine.max_ttl.count() > 0 ? o.quarantine.max_ttl : client.options().lock_max_ttl),

@@ -44,7 +44,7 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
 
   // `clock` (the service's) must outlive the gate.
   StateGate(redis::Client& client, std::chrono::milliseconds max_ttl, std::chrono::milliseconds recheck,
-            const MonotonicClock& clock = steady_clock());
+            const MonotonicClock& clock = MonotonicClock::steady());
 
   void admit(Admit cb);
   // admit()'s common case without a callback: the ticket to grant under

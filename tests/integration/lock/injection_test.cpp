@@ -35,7 +35,7 @@ class InjectionTest : public LockTest {
 }  // namespace
 
 TEST_F(InjectionTest, DefaultsAreTheSteadyClockAndTheGlobalRegistry) {
-  EXPECT_EQ(&svc->clock(), &jobguard::steady_clock());
+  EXPECT_EQ(&svc->clock(), &MonotonicClock::steady());
   EXPECT_EQ(&svc->metrics_registry(), &observe::Registry::global());
   EXPECT_EQ(&manual->clock(), &clock);
   EXPECT_EQ(&manual->metrics_registry(), &registry);
