@@ -71,6 +71,24 @@ WaiterMachine::Actions queue_up(WaiterMachine& m, Heard h = Heard::yes) {
   return m.subscribed(t0 + 2ms, h);
 }
 
+// The list ends the acquire with the lock, its TTL counted from `ttl_from`.
+void expect_granted(const WaiterMachine::Actions& a, T ttl_from, std::optional<std::int64_t> fence) {
+  ASSERT_FALSE(a.empty());
+  const auto& c = a[a.size() - 1];
+  EXPECT_EQ(c.kind, Kind::complete);
+  EXPECT_EQ(c.result, Result::granted);
+  EXPECT_EQ(c.at, ttl_from);
+  EXPECT_EQ(c.fence(), fence);
+}
+
+// A queued waiter whose refresh (its backoff timer fired at t0 + 150 ms) is
+// on the wire, sent at t0 + 150 ms.
+void refresh_on_the_wire(WaiterMachine& m) {
+  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
+  ASSERT_EQ(kinds(m.timer_fired(t0 + 150ms)), V{"send_attempt"});
+  m.sent(t0 + 150ms);
+}
+
 }  // namespace
 
 // --- trying once -------------------------------------------------------------
@@ -305,9 +323,7 @@ TEST(WaiterMachine, FairReleaseHandsTheLockToTheQueueHeadWithTheTtlFromItsLastBu
   ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
   const auto a = m.grant_message(t0 + 50ms, 42);
   EXPECT_EQ(kinds(a), (V{"cancel_timer", "unsubscribe", "complete"}));
-  EXPECT_EQ(last(a).result, Result::granted);
-  EXPECT_EQ(last(a).at, t0 + 1ms);
-  EXPECT_EQ(last(a).fence(), 42);
+  expect_granted(a, t0 + 1ms, 42);
 }
 
 TEST(WaiterMachine, FairGrantAfterALongQuietWaitRestartsTheTtl) {
@@ -319,9 +335,7 @@ TEST(WaiterMachine, FairGrantAfterALongQuietWaitRestartsTheTtl) {
   EXPECT_EQ(kinds(m.grant_message(t0 + 302ms, std::nullopt)), (V{"cancel_timer", "send_attempt"}));
   m.sent(t0 + 303ms);
   const auto a = m.reply(t0 + 304ms, Reply::granted, 9);
-  EXPECT_EQ(last(a).result, Result::granted);
-  EXPECT_EQ(last(a).at, t0 + 303ms);
-  EXPECT_EQ(last(a).fence(), 9);
+  expect_granted(a, t0 + 303ms, 9);
 }
 
 TEST(WaiterMachine, AGrantWithinAQuarterTtlOfTheLastBusyAttemptIsUsedAtOnce) {
@@ -337,38 +351,28 @@ TEST(WaiterMachine, GrantWhileTheHeadsOwnAttemptIsInFlightThatRanBeforeItWaitsFo
   // (busy): we wait for its reply, so it cannot run after our own release,
   // and count the TTL from its send, which precedes the grant.
   WaiterMachine m = machine(fair(), 1);
-  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
-  ASSERT_EQ(kinds(m.timer_fired(t0 + 150ms)), V{"send_attempt"});
-  m.sent(t0 + 150ms);
+  refresh_on_the_wire(m);
   EXPECT_TRUE(m.grant_message(t0 + 151ms, 5).empty()) << "used the lock before its attempt's reply";
   const auto a = m.reply(t0 + 152ms, Reply::busy);
   EXPECT_EQ(kinds(a), (V{"unsubscribe", "complete"}));
-  EXPECT_EQ(last(a).result, Result::granted);
-  EXPECT_EQ(last(a).at, t0 + 150ms);
-  EXPECT_EQ(last(a).fence(), 5);
+  expect_granted(a, t0 + 150ms, 5);
 }
 
 TEST(WaiterMachine, GrantWhileTheHeadsOwnAttemptIsInFlightThatRanAfterItTakesTheReply) {
   // The refresh ran after the grant: the script found the lock holding our
   // token, restarted its TTL and says granted with the grant's fence.
   WaiterMachine m = machine(fair(), 1);
-  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
-  m.timer_fired(t0 + 150ms);
-  m.sent(t0 + 150ms);
+  refresh_on_the_wire(m);
   m.grant_message(t0 + 151ms, 5);
   const auto a = m.reply(t0 + 152ms, Reply::granted, 5);
-  EXPECT_EQ(last(a).result, Result::granted);
-  EXPECT_EQ(last(a).at, t0 + 150ms);
-  EXPECT_EQ(last(a).fence(), 5);
+  expect_granted(a, t0 + 150ms, 5);
 }
 
 TEST(WaiterMachine, GrantWhileAnAttemptIsInFlightThatFailsIsPassedOn) {
   // We are the holder already, but our acquire reports an error: nobody would
   // use the lock until its TTL, so it is released to the next head.
   WaiterMachine m = machine(fair(), 1);
-  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
-  m.timer_fired(t0 + 150ms);
-  m.sent(t0 + 150ms);
+  refresh_on_the_wire(m);
   m.grant_message(t0 + 151ms, std::nullopt);
   const auto a = m.reply(t0 + 152ms, Reply::error);
   EXPECT_EQ(kinds(a), (V{"unsubscribe", "abandon", "pass_on_grant", "complete"}));
@@ -431,9 +435,7 @@ TEST(WaiterMachine, AGrantHandedBackAsUncheckedIsNotTakenForALaterBusyReply) {
   // connection (unchecked), so the lock is handed back, and the grant with
   // it. The next attempt's busy must not be read as "ran before the grant".
   WaiterMachine m = machine(fair(), 1);
-  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
-  m.timer_fired(t0 + 150ms);
-  m.sent(t0 + 150ms);
+  refresh_on_the_wire(m);
   m.grant_message(t0 + 151ms, 5);
   EXPECT_EQ(kinds(m.reply(t0 + 152ms, Reply::unchecked_grant)), (V{"discard_grant", "send_attempt"}));
   m.sent(t0 + 153ms);
@@ -444,9 +446,7 @@ TEST(WaiterMachine, AGrantSurvivesAnEvictionRetry) {
   // acquire.lua refused before doing anything (an eviction since the gate's
   // check): the grant still stands and the next attempt finds it.
   WaiterMachine m = machine(fair(), 1);
-  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
-  m.timer_fired(t0 + 150ms);
-  m.sent(t0 + 150ms);
+  refresh_on_the_wire(m);
   m.grant_message(t0 + 151ms, 5);
   ASSERT_EQ(kinds(m.reply(t0 + 152ms, Reply::retry)), V{"send_attempt"});
   const auto refused = m.refused(t0 + 153ms, 0ms);  // the check failed
@@ -501,9 +501,7 @@ TEST(WaiterMachine, CancelWithAnAttemptInFlightHandsBackTheGrantItBrings) {
 
 TEST(WaiterMachine, CancelWithAFairAttemptInFlightThatRanBeforeAGrantPassesTheGrantOn) {
   WaiterMachine m = machine(fair(), 1);
-  ASSERT_EQ(kinds(queue_up(m)), V{"arm_timer"});
-  m.timer_fired(t0 + 150ms);
-  m.sent(t0 + 150ms);
+  refresh_on_the_wire(m);
   m.cancel(t0 + 151ms);
   m.grant_message(t0 + 152ms, std::nullopt);
   const auto a = m.reply(t0 + 153ms, Reply::busy);
