@@ -9,6 +9,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <condition_variable>
+#include <future>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -57,26 +58,28 @@ nlohmann::json phase(int concurrency, int jobs, double secs, std::vector<float> 
 std::int64_t enqueued_at(const job::StreamJob& j) { return std::stoll(j.field("t")); }
 
 // The ceiling: the same jobs read with XREADGROUP COUNT c and acknowledged
-// with XACK, no guard, on the same client.
-asio::awaitable<void> bare(redis::Client& c, std::string stream, int concurrency, int jobs,
-                           std::vector<float>& lat_us) {
+// with one XACK per job, all of a batch in flight at once — what a consumer
+// without guards does (the guarded worker acknowledges each job too).
+void bare(redis::Client& c, const std::string& stream, int concurrency, int jobs, std::vector<float>& lat_us) {
   int acked = 0;
   while (acked < jobs) {
-    redis::Command read{"XREADGROUP", "GROUP", "bench", "bare", "COUNT", std::to_string(concurrency), "STREAMS",
-                        stream,       ">"};
-    auto r = co_await redis::async_exec(c, std::move(read), asio::use_awaitable);
+    auto r = c.exec(redis::Command{"XREADGROUP", "GROUP", "bench", "bare", "COUNT", std::to_string(concurrency),
+                                   "STREAMS", stream, ">"});
     if (!r.is_array() || r.elements.empty()) continue;
-    // One XACK for the batch: the cheapest a consumer can acknowledge.
-    std::vector<std::string> ack{"XACK", stream, "bench"};
+    const auto& entries = r.elements[0].elements[1].elements;
     std::vector<std::int64_t> sent;
-    for (const auto& e : r.elements[0].elements[1].elements) {
-      ack.push_back(e.elements[0].str);
+    std::promise<void> all;
+    auto left = std::make_shared<std::atomic<std::size_t>>(entries.size());
+    for (const auto& e : entries) {
       const auto& f = e.elements[1].elements;
       for (std::size_t i = 0; i + 1 < f.size(); i += 2)
         if (f[i].str == "t") sent.push_back(std::stoll(f[i + 1].str));
+      c.async_exec(redis::Command{"XACK", stream, "bench", e.elements[0].str},
+                   [left, &all](std::error_code, redis::Reply) {
+                     if (left->fetch_sub(1) == 1) all.set_value();
+                   });
     }
-    redis::Command acks(ack);
-    co_await redis::async_exec(c, std::move(acks), asio::use_awaitable);
+    all.get_future().wait();
     const auto t = now_ns();
     for (auto s : sent) lat_us.push_back(static_cast<float>(static_cast<double>(t - s) / 1000.0));
     acked += static_cast<int>(sent.size());
@@ -129,7 +132,7 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
     std::vector<float> blat;
     blat.reserve(static_cast<std::size_t>(cfg.jobs));
     const auto b0 = Clock::now();
-    asio::co_spawn(client.get_executor(), bare(client, bare_stream, c, cfg.jobs, blat), asio::use_future).get();
+    bare(client, bare_stream, c, cfg.jobs, blat);
     const double bsecs = duration<double>(Clock::now() - b0).count();
     bare_runs.push_back(phase(c, cfg.jobs, bsecs, std::move(blat), 0));
     client.exec(redis::Command{"DEL", so.stream, bare_stream});
