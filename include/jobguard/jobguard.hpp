@@ -8,6 +8,7 @@
 // named in this comment.
 #pragma once
 
+#include "jobguard/clock.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/text.hpp"

@@ -353,19 +353,21 @@ RunResult GuardedRunner::run(const Unit& unit, const Effect& effect) {
   // The run is a coroutine on the client's loop; this thread is its
   // `blocking` executor, so the effect and PostgreSQL run here, as a
   // blocking caller expects.
-  asio::io_context here;
-  auto work = asio::make_work_guard(here);
+  // Shared with the completion handler: the loop thread is still inside
+  // post() into it when this thread wakes, returns and would destroy it.
+  auto here = std::make_shared<asio::io_context>();
+  auto work = asio::make_work_guard(*here);
   std::exception_ptr failure;
   RunResult out;
-  asio::co_spawn(client.get_executor(), async_run(unit, effect, here.get_executor()),
-                 [&](std::exception_ptr e, RunResult r) {
-                   asio::post(here, [&, e, r = std::move(r)]() mutable {
+  asio::co_spawn(client.get_executor(), async_run(unit, effect, here->get_executor()),
+                 [&, here](std::exception_ptr e, RunResult r) {
+                   asio::post(*here, [&, e, r = std::move(r)]() mutable {
                      failure = e;
                      out = std::move(r);
                      work.reset();
                    });
                  });
-  here.run();
+  here->run();
   if (failure) std::rethrow_exception(failure);
   return out;
 }
