@@ -31,8 +31,9 @@ async function run(url, jobs, concurrency) {
   let resolveAll;
   const all = new Promise((r) => { resolveAll = r; });
   const t0 = nowUs();
+  const workerConnection = new IORedis(url, { maxRetriesPerRequest: null });
   const worker = new Worker(name, async () => undefined, {
-    connection: new IORedis(url, { maxRetriesPerRequest: null }),
+    connection: workerConnection,
     concurrency,
     removeOnComplete: { count: 0 },
   });
@@ -46,6 +47,7 @@ async function run(url, jobs, concurrency) {
   await queue.obliterate({ force: true });
   await queue.close();
   connection.disconnect();
+  workerConnection.disconnect();  // a connection passed in is the caller's to close
   latencies.sort((a, b) => a - b);
   return {
     concurrency,
