@@ -8,7 +8,7 @@
 
 #include "helpers.hpp"
 #include "jobguard/redis/client.hpp"
-#include "peers.hpp"
+#include "support/peers.hpp"
 #include "support/redis_fixture.hpp"
 
 using namespace jobguard;
