@@ -21,7 +21,21 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class RunServerErrors : public CliTest {};
+class RunServerErrors : public CliTest {
+ protected:
+  // `jobguard run` on this test's server fails closed: 69, one line with the
+  // server's own words and its host:port, CMD not run. Returns the run.
+  SubprocessResult expect_unavailable_saying(const std::string& server_text) {
+    const auto marker = file("ran");
+    const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "touch", marker}, 30s);
+    EXPECT_EQ(r.status, 69) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(server_text), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(fmt::format("{}:{}", server->host(), server->port())), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(marker)) << "CMD ran";
+    return r;
+  }
+};
 
 TEST_F(RunServerErrors, OutOfMemoryServerGivesItsOomTextHostAndKeyAndExit69) {
   EmbeddedRedisOptions so;
@@ -50,11 +64,7 @@ TEST_F(RunServerErrors, OutOfMemoryServerGivesItsOomTextHostAndKeyAndExit69) {
   ASSERT_TRUE(fill(std::string(64 * 1024, 'x'), 0)) << "the server never filled up";
   ASSERT_TRUE(fill(std::string(16, 'x'), 1000)) << "the server never refused a small write";
 
-  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "true"}, 30s);
-  EXPECT_EQ(r.status, 69) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find("OOM command not allowed"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(fmt::format("{}:{}", server->host(), server->port())), std::string::npos) << r.err;
+  const auto r = expect_unavailable_saying("OOM command not allowed");
   EXPECT_NE(r.err.find("jobguard:lock:{k}"), std::string::npos) << r.err;
 }
 
@@ -78,13 +88,7 @@ TEST_F(RunServerErrors, ReplicaThatMustNotServeStaleDataGivesItsMasterdownTextAn
   // MASTERDOWN while its link to the master is down (here: no master at all).
   admin("CONFIG SET replica-serve-stale-data no");
   admin("REPLICAOF 127.0.0.1 1");
-  const auto marker = file("ran");
-  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "touch", marker}, 30s);
-  EXPECT_EQ(r.status, 69) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find("MASTERDOWN Link with MASTER is down"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(fmt::format("{}:{}", server->host(), server->port())), std::string::npos) << r.err;
-  EXPECT_FALSE(std::filesystem::exists(marker));
+  expect_unavailable_saying("MASTERDOWN Link with MASTER is down");
 }
 
 TEST_F(RunServerErrors, ServerStillLoadingItsDatasetGivesItsLoadingTextAndExit69) {
@@ -105,14 +109,7 @@ TEST_F(RunServerErrors, ServerStillLoadingItsDatasetGivesItsLoadingTextAndExit69
   ASSERT_EQ(admin("SAVE"), "OK");
   server->restart();  // ready once INFO answers: loading has begun
   ASSERT_NE(admin("INFO persistence").find("loading:1"), std::string::npos) << admin("INFO persistence");
-
-  const auto marker = file("ran");
-  const auto r = run_jobguard({"--redis", url(), "run", "--key", "k", "--", "touch", marker}, 30s);
-  EXPECT_EQ(r.status, 69) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find("LOADING Redis is loading the dataset in memory"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(fmt::format("{}:{}", server->host(), server->port())), std::string::npos) << r.err;
-  EXPECT_FALSE(std::filesystem::exists(marker));
+  expect_unavailable_saying("LOADING Redis is loading the dataset in memory");
   server->kill();  // no need to wait out the load
 }
 

@@ -24,24 +24,6 @@ using namespace jobguard::test;
 
 namespace {
 
-// Collects the client's warning lines (recycled connections, limits hit).
-struct Warnings {
-  std::mutex mu;
-  std::vector<std::string> lines;
-  void attach(ConnectionOptions& o) {
-    o.on_warning = [this](const std::string& l) {
-      std::lock_guard g(mu);
-      lines.push_back(l);
-    };
-  }
-  bool any_contains(const std::string& s) {
-    std::lock_guard g(mu);
-    for (auto& l : lines)
-      if (l.find(s) != std::string::npos) return true;
-    return false;
-  }
-};
-
 ConnectionOptions to_port(std::uint16_t port) {
   ConnectionOptions o;
   o.host = "127.0.0.1";

@@ -108,12 +108,8 @@ TEST_F(RedisSubscriber, WrongPasswordOnTheSubscriberConnectionIsReported) {
 TEST_F(RedisSubscriber, LockWaiterWithoutPubSubRightsSaysSoAndStillGetsTheLockByPolling) {
   ASSERT_EQ(admin("ACL SETUSER nopubsub on >pw ~* +@all resetchannels"), "OK");
   ConnectionOptions o = as_user("nopubsub", "pw");
-  std::mutex mu;
-  std::vector<std::string> warnings;
-  o.on_warning = [&](const std::string& l) {
-    std::lock_guard g(mu);
-    warnings.push_back(l);
-  };
+  Warnings warnings;
+  warnings.attach(o);
   Client c(o);
   auto svc = LockService::create(c, KeyBuilder("t" + std::to_string(server->port())));
   auto holder = svc->acquire("res", LockOptions{.ttl = 10s});
@@ -133,10 +129,7 @@ TEST_F(RedisSubscriber, LockWaiterWithoutPubSubRightsSaysSoAndStillGetsTheLockBy
   const Error e = svc->subscriber_error();
   EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
   EXPECT_NE(std::string(e.what()).find("NOPERM"), std::string::npos) << e.what();
-  std::lock_guard g(mu);
-  bool said = false;
-  for (auto& w : warnings) said = said || w.find("fall back to polling") != std::string::npos;
-  EXPECT_TRUE(said) << "the refusal is logged through on_warning";
+  EXPECT_TRUE(warnings.any_contains("fall back to polling")) << "the refusal is logged through on_warning";
 }
 
 // Issue #12: "the subscriber reconnects the same way" as the client. A
@@ -152,16 +145,13 @@ TEST_F(RedisSubscriber, FrozenLinkIsRecycledByTheHeartbeatAndTheSubscriptionRest
   o.command_timeout = Ms(300);
   o.subscriber_ping_interval = Ms(100);
   o.recycle_after_timeouts = 3;
-  std::mutex mu;
-  std::vector<std::string> warnings;
-  o.on_warning = [&](const std::string& l) {
-    std::lock_guard g(mu);
-    warnings.push_back(l);
-  };
+  Warnings warnings;
+  warnings.attach(o);
   Client c(o);
   Subscriber sub(c);
   std::atomic<int> reconnects{0};
   sub.set_on_reconnect([&] { ++reconnects; });
+  std::mutex mu;
   std::set<std::string> got;
   std::promise<void> ready;
   sub.subscribe(
@@ -191,10 +181,7 @@ TEST_F(RedisSubscriber, FrozenLinkIsRecycledByTheHeartbeatAndTheSubscriptionRest
       },
       Ms(30000)));
   EXPECT_GE(relay.accepted(), 2);
-  std::lock_guard g(mu);
-  bool logged = false;
-  for (const auto& l : warnings) logged = logged || l.find("connection recycled") != std::string::npos;
-  EXPECT_TRUE(logged) << "the recycling is logged";
+  EXPECT_TRUE(warnings.any_contains("connection recycled")) << "the recycling is logged";
 }
 
 TEST_F(RedisSubscriber, NegativePingIntervalIsRefused) {
