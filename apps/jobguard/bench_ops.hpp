@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"
@@ -72,6 +74,33 @@ struct ContentionResult {
 
 // Throws Error(redis_unavailable) when a worker cannot connect.
 ContentionResult run_contention(const redis::ConnectionOptions& opts, const ContentionConfig& cfg);
+
+// `jobguard bench --jobs M`: M guarded no-op jobs (moderate class: lock +
+// idempotency key + completion record) through job::StreamWorker at each
+// concurrency, and the same jobs through bare XREADGROUP + XACK in the same
+// run (the ceiling). JSON with guarded/bare (the last concurrency's) and runs.
+struct JobsConfig {
+  int jobs = 20000;
+  std::vector<int> concurrency{1, 64};
+};
+nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& cfg);
+
+// `jobguard bench --leases N`: N live leases held by one LeaseScheduler for
+// `hold`; renewals/s, this process's CPU (rusage) and the server's (INFO cpu)
+// over the hold, leases lost.
+struct LeasesConfig {
+  int leases = 100000;
+  std::chrono::milliseconds ttl{30000};
+  std::chrono::milliseconds hold{60000};
+};
+nlohmann::json run_leases(const redis::ConnectionOptions& opts, const LeasesConfig& cfg);
+
+// The f-quantile (0..1) of `v`; 0 when empty.
+double quantile(std::vector<float> v, double f);
+// JSON of a phase and of a contention run; the contention run as text.
+nlohmann::json summarize(const Phase& p);
+nlohmann::json summarize(const ContentionConfig& c, const ContentionResult& r);
+std::string contention_text(const ContentionConfig& c, const nlohmann::json& summary, const std::string& where);
 
 class Runner {
  public:

@@ -6,10 +6,18 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <initializer_list>
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "jobguard/error.hpp"
+
+namespace jobguard::redis {
+class Client;
+}
 
 namespace jobguard::cli {
 
@@ -55,6 +63,8 @@ void add_stats(CLI::App& root, Globals& g, Commands& out);
 void add_locks(CLI::App& root, Globals& g, Commands& out);
 void add_doctor(CLI::App& root, Globals& g, Commands& out);
 void add_policy(CLI::App& root, Globals& g, Commands& out);
+// `jobs work`, added to the `jobs` subcommand by add_jobs.
+void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out);
 
 // `jobguard --version`: our version, the client libraries', the build type.
 std::string version_text();
@@ -66,6 +76,20 @@ int exit_status_for(const jobguard::Error& e);
 // subcommand that must pass arguments on verbatim (`run -- CMD...`): CLI11
 // rewrites a positional like "[a,b]" as a list.
 const std::vector<std::string>& raw_args();
+
+// CMD's words exactly as typed: everything after the first "--" that follows
+// the subcommand words `path` in order ({"run"}, {"jobs", "work"}); nullopt
+// when there is no "--" (CMD must follow it).
+std::optional<std::vector<std::string>> cmd_after_dashes(std::initializer_list<std::string_view> path);
+
+// A client for g.redis_url named `client_name`, checked with a PING within
+// the connect deadline: an unreachable Redis is exit 69 before anything else
+// happens ("cannot reach Redis at <url, password redacted>: ...").
+std::unique_ptr<redis::Client> connect_redis(const Globals& g, const char* client_name);
+
+// `body`, with a jobguard::Error it throws reported as one line
+// "jobguard <name>: <what>" on stderr and mapped to its exit status.
+Action reported(std::string name, Action body);
 
 // CLI11 validator for durations ("250ms", "30s"): the error names the option.
 CLI::Validator duration_validator();

@@ -44,91 +44,10 @@ struct BenchArgs {
   std::string resource = "bench:contention";
   bool workers_given = false, seconds_given = false;
   bool no_fleet = false;
+  int jobs = 0;                      // --jobs M: the job path instead
+  std::vector<int> concurrency{1, 64};
+  int leases = 0;                    // --leases N: the lease scheduler instead
 };
-
-nlohmann::json summarize(const bench::Phase& p) {
-  auto lat = p.latencies_us;
-  std::sort(lat.begin(), lat.end());
-  auto q = [&](double f) -> double {
-    if (lat.empty()) return 0;
-    return lat[std::min(lat.size() - 1, static_cast<std::size_t>(f * static_cast<double>(lat.size())))];
-  };
-  return {{"ops", p.ops},
-          {"errors", p.errors},
-          {"seconds", p.elapsed_s},
-          {"ops_per_s", p.elapsed_s > 0 ? static_cast<double>(p.ops) / p.elapsed_s : 0.0},
-          {"p50_us", q(0.50)},
-          {"p99_us", q(0.99)},
-          {"writes", p.writes},
-          {"commands_per_write", p.writes ? static_cast<double>(p.commands) / static_cast<double>(p.writes) : 0.0}};
-}
-
-double quantile(std::vector<float> v, double f) {
-  if (v.empty()) return 0;
-  const auto i = std::min(v.size() - 1, static_cast<std::size_t>(f * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
-  return v[i];
-}
-
-double round_to(double v, int digits) {
-  const double m = std::pow(10.0, digits);
-  return std::round(v * m) / m;
-}
-
-// Same quantities as bench/peers/contention.js, so the two can sit side by side.
-nlohmann::json summarize(const bench::ContentionConfig& c, const bench::ContentionResult& r) {
-  std::uint64_t total = 0, errors = 0;
-  std::vector<float> waits;
-  double longest = 0;
-  for (const auto& w : r.workers) {
-    total += w.count;
-    errors += w.errors;
-    waits.insert(waits.end(), w.waits_us.begin(), w.waits_us.end());
-    longest = std::max(longest, w.longest_wait_us);
-  }
-  const double mean = static_cast<double>(total) / static_cast<double>(r.workers.size());
-  double dev = 0;
-  nlohmann::json shares = nlohmann::json::array(), counts = nlohmann::json::array(), per = nlohmann::json::array();
-  for (std::size_t i = 0; i < r.workers.size(); ++i) {
-    const auto& w = r.workers[i];
-    const double share = total ? static_cast<double>(w.count) / static_cast<double>(total) : 0.0;
-    if (mean > 0) dev = std::max(dev, std::abs(static_cast<double>(w.count) - mean) / mean);
-    shares.push_back(round_to(share, 4));
-    counts.push_back(w.count);
-    per.push_back({{"worker", i},
-                   {"count", w.count},
-                   {"share", round_to(share, 4)},
-                   {"wait_p50_ms", round_to(quantile(w.waits_us, 0.50) / 1000, 3)},
-                   {"wait_p99_ms", round_to(quantile(w.waits_us, 0.99) / 1000, 3)},
-                   {"wait_max_ms", round_to(w.longest_wait_us / 1000, 3)},
-                   {"errors", w.errors}});
-  }
-  const double secs = c.seconds.count();
-  const auto handoffs = r.handoffs_us.size();
-  return {{"workers", c.workers},
-          {"fair", c.fair},
-          {"seconds", secs},
-          {"hold_us", c.hold.count()},
-          {"resource", c.resource},
-          {"critical_sections", total},
-          {"cs_per_s", round_to(static_cast<double>(total) / secs, 1)},
-          {"shares", shares},
-          {"counts", counts},
-          {"max_share_deviation_pct", total ? round_to(dev * 100, 2) : 0.0},
-          {"handoffs", handoffs},
-          {"handoff_p50_us", round_to(quantile(r.handoffs_us, 0.50), 1)},
-          {"handoff_p99_us", round_to(quantile(r.handoffs_us, 0.99), 1)},
-          {"handoff_to_other_p50_us", round_to(quantile(r.other_handoffs_us, 0.50), 1)},
-          {"handoff_to_other_p99_us", round_to(quantile(r.other_handoffs_us, 0.99), 1)},
-          {"self_handoff_pct",
-           handoffs ? round_to(100.0 * static_cast<double>(r.self_handoffs) / static_cast<double>(handoffs), 2) : 0.0},
-          {"wait_p50_ms", round_to(quantile(waits, 0.50) / 1000, 3)},
-          {"wait_p99_ms", round_to(quantile(waits, 0.99) / 1000, 3)},
-          {"wait_max_ms", round_to(longest / 1000, 3)},
-          {"per_worker", per},
-          {"overlaps", r.overlaps},
-          {"errors", errors}};
-}
 
 int run_contention(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
   bench::ContentionConfig cfg;
@@ -142,34 +61,52 @@ int run_contention(const Globals& g, const BenchArgs& a, const redis::Connection
   if (cfg.hold > seconds(10)) throw Error(errc::invalid_argument, "--hold must be at most 10s");
   KeyBuilder::validate_resource(cfg.resource);
   const auto r = bench::run_contention(opts, cfg);
-  const auto j = summarize(cfg, r);
+  const auto j = bench::summarize(cfg, r);
   if (r.overlaps) std::cerr << fmt::format("jobguard bench: {} overlapping critical sections: the lock failed\n", r.overlaps);
   if (!r.first_error.empty()) std::cerr << "jobguard bench: first error: " << r.first_error << "\n";
   if (g.json) {
     std::cout << nlohmann::json{{"redis", redis::to_display_url(opts)}, {"contention", j}}.dump() << "\n";
     return exit_code::ok;
   }
-  std::cout << fmt::format(
-      "jobguard bench --contention{}: {} workers on one key ({}), hold {} us, {:.1f} s, {}\n"
-      "  {:.0f} critical sections/s; handoff p50 {:.0f} us p99 {:.0f} us (to another worker p50 {:.0f} p99 {:.0f} us); "
-      "back to the releaser {:.1f}%\n"
-      "  wait p50 {:.3f} ms p99 {:.3f} ms max {:.3f} ms; max share deviation {:.1f}% of the mean; overlaps {}, errors {}\n",
-      cfg.fair ? " --fair" : "", cfg.workers, cfg.resource, cfg.hold.count(), cfg.seconds.count(),
-      redis::to_display_url(opts), j["cs_per_s"].get<double>(), j["handoff_p50_us"].get<double>(),
-      j["handoff_p99_us"].get<double>(), j["handoff_to_other_p50_us"].get<double>(),
-      j["handoff_to_other_p99_us"].get<double>(), j["self_handoff_pct"].get<double>(), j["wait_p50_ms"].get<double>(),
-      j["wait_p99_ms"].get<double>(), j["wait_max_ms"].get<double>(), j["max_share_deviation_pct"].get<double>(),
-      r.overlaps, j["errors"].get<std::uint64_t>());
-  for (const auto& p : j["per_worker"])
-    std::cout << fmt::format("  worker {}: {} (share {:.3f}), wait p50 {:.3f} ms p99 {:.3f} ms max {:.3f} ms\n",
-                             p["worker"].get<std::size_t>(), p["count"].get<std::uint64_t>(), p["share"].get<double>(),
-                             p["wait_p50_ms"].get<double>(), p["wait_p99_ms"].get<double>(),
-                             p["wait_max_ms"].get<double>());
+  std::cout << bench::contention_text(cfg, j, redis::to_display_url(opts));
+  return exit_code::ok;
+}
+
+int run_jobs_or_leases(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
+  nlohmann::json j;
+  std::string text;
+  if (a.jobs > 0) {
+    j = bench::run_jobs(opts, {.jobs = a.jobs, .concurrency = a.concurrency});
+    for (const auto& [name, runs] : {std::pair{"guarded", j["runs"]}, std::pair{"bare", j["bare_runs"]}})
+      for (const auto& r : runs)
+        text += fmt::format("  {:<8} concurrency {:>4}: {:>9.0f} jobs/s   enqueue->ack p50 {:>8.1f} ms p99 {:>8.1f} ms\n",
+                            name, r["concurrency"].get<int>(), r["jobs_per_s"].get<double>(),
+                            r["enqueue_to_ack_p50_ms"].get<double>(), r["enqueue_to_ack_p99_ms"].get<double>());
+    text = fmt::format("jobguard bench --jobs {}: guarded = StreamWorker, moderate class (lock + idempotency key + "
+                       "completion record), no-op effect; bare = XREADGROUP + XACK\n{}  guarded/bare = {:.3f}\n",
+                       a.jobs, text, j["guarded_over_bare"].get<double>());
+  } else {
+    const auto hold = duration_cast<milliseconds>(duration<double>(a.seconds_given ? a.seconds : 60.0));
+    j = bench::run_leases(opts, {.leases = a.leases, .hold = hold});
+    text = fmt::format("jobguard bench --leases {}: TTL {} ms, held {:.1f} s: {:.0f} renewals/s, client CPU {:.2f}% of a "
+                       "core, server CPU {:.2f}%, lost {}\n",
+                       a.leases, j["ttl_ms"].get<std::int64_t>(), j["seconds"].get<double>(),
+                       j["renewals_per_s"].get<double>(), j["client_cpu_pct"].get<double>(),
+                       j["server_cpu_pct"].get<double>(), j["lost"].get<std::uint64_t>());
+  }
+  j["redis"] = redis::to_display_url(opts);
+  std::cout << (g.json ? j.dump() + "\n" : text);
   return exit_code::ok;
 }
 
 int run_bench(const Globals& g, const BenchArgs& a) {
   if (a.workers < 1 || a.workers > 100000) throw Error(errc::invalid_argument, "--workers must be 1..100000");
+  if ((a.jobs > 0) + (a.leases > 0) + a.contention > 1)
+    throw Error(errc::invalid_argument, "--jobs, --leases and --contention are separate benchmarks: pick one");
+  if (a.jobs < 0 || a.jobs > 10000000) throw Error(errc::invalid_argument, "--jobs must be 1..10000000");
+  if (a.leases < 0 || a.leases > 10000000) throw Error(errc::invalid_argument, "--leases must be 1..10000000");
+  for (int c : a.concurrency)
+    if (c < 1 || c > 4096) throw Error(errc::invalid_argument, fmt::format("--concurrency {}: must be 1..4096", c));
   if (a.contention && (a.only.size() || a.mode != "coro" || a.connections != 1))
     throw Error(errc::invalid_argument, "--contention takes none of --only, --mode, --connections");
   if (!a.contention && (a.fair || a.hold != "1ms" || a.resource != "bench:contention"))
@@ -192,6 +129,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   opts.connections = a.connections;
   opts.command_timeout = seconds(5);
   if (a.contention) return run_contention(g, a, opts);
+  if (a.jobs > 0 || a.leases > 0) return run_jobs_or_leases(g, a, opts);
 
   bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads", !a.no_fleet};
   bench::Runner runner(opts, cfg);
@@ -213,11 +151,11 @@ int run_bench(const Globals& g, const BenchArgs& a) {
     for (int i = 0; i < a.rounds; ++i) {
       nlohmann::json rp, lk;
       if (i % 2 == 0) {
-        rp = summarize(runner.run(bench::Op::raw_pair));
-        lk = summarize(runner.run(bench::Op::lock_pair));
+        rp = bench::summarize(runner.run(bench::Op::raw_pair));
+        lk = bench::summarize(runner.run(bench::Op::lock_pair));
       } else {
-        lk = summarize(runner.run(bench::Op::lock_pair));
-        rp = summarize(runner.run(bench::Op::raw_pair));
+        lk = bench::summarize(runner.run(bench::Op::lock_pair));
+        rp = bench::summarize(runner.run(bench::Op::raw_pair));
       }
       const double raw = rp["ops_per_s"].get<double>();
       const double ratio = raw > 0 ? lk["ops_per_s"].get<double>() / raw : 0.0;
@@ -242,7 +180,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   // and hundreds of thousands expiring at once mid-way through the rounds
   // made the server's expiry cycle eat whichever phase ran 30 s later.
   if (want_raw) {
-    out["raw"] = summarize(runner.run(bench::Op::raw_set));
+    out["raw"] = bench::summarize(runner.run(bench::Op::raw_set));
   }
   if (g.json) {
     std::cout << out.dump() << "\n";
@@ -290,6 +228,14 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_option("--hold", args->hold, "--contention: time inside the critical section")->capture_default_str();
   sub->add_flag("--fair", args->fair, "--contention: fair (FIFO) locks, a releaser cannot barge ahead of a waiter");
   sub->add_option("--resource", args->resource, "--contention: the contended resource")->capture_default_str();
+  sub->add_option("--jobs", args->jobs,
+                  "Instead: M guarded no-op jobs through the stream worker at each --concurrency, beside bare "
+                  "XREADGROUP + XACK");
+  sub->add_option("--concurrency", args->concurrency, "--jobs: jobs in flight, one run per value")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_option("--leases", args->leases,
+                  "Instead: N live leases (TTL 30 s) held for --seconds (default 60); renewals/s, CPU, lost");
   out.emplace_back(sub, [&g, args, workers, secs] {
     args->workers_given = workers->count() > 0;
     args->seconds_given = secs->count() > 0;

@@ -24,6 +24,7 @@
 #include "jobguard/job/lock_class.hpp"
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
+#include "jobguard/job/worker.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/metrics.hpp"
@@ -142,6 +143,19 @@ class MemoryCompletionStore final : public guard::CompletionStore {
   std::map<std::string, guard::CompletionRecord> recs_;
 };
 
+// The naive run keeps no completion records: a redelivered chunk runs again.
+class NoRecords final : public guard::CompletionStore {
+ public:
+  guard::RecordOutcome record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                              std::string_view completed_by, std::string_view result) override {
+    return {true, {std::string(job_kind), std::string(entity), std::string(run_id), std::chrono::system_clock::now(),
+                   std::string(completed_by), std::string(result)}};
+  }
+  std::optional<guard::CompletionRecord> find(std::string_view, std::string_view, std::string_view) override {
+    return std::nullopt;
+  }
+};
+
 // Charge times: 1% of subscriptions take `slow`; the rest spread around a
 // mean chosen so that the overall mean is 200 ms (before scaling).
 struct Workload {
@@ -218,15 +232,33 @@ class Run {
     }
   }
 
+  // Each worker is a separate "process": its own client, lock service,
+  // lease scheduler and runner, so freezing one event loop (the pause fault)
+  // stops only its renewals. Both runs work on job::StreamWorker; they differ
+  // only in their lock class, records and effect.
   void start() {
     started_ = Clock::now();
-    for (int w = 0; w < opts_.workers; ++w) threads_.emplace_back([this, w] { worker(w); });
+    for (int w = 0; w < opts_.workers; ++w) {
+      auto& p = procs_.emplace_back(std::make_unique<Proc>());
+      p->client = std::make_unique<redis::Client>(conn_);
+      p->leases = LeaseScheduler::create(LockService::create(*p->client, KeyBuilder(cfg_.prefix)));
+      p->runner = std::make_unique<GuardedRunner>(p->leases, cfg_.guarded ? guarded_class() : naive_class(),
+                                                  RunnerBackends{.completions = cfg_.guarded ? completions_ : &none_});
+      WorkerOptions wo{.consumer = "w" + std::to_string(w), .id_field = "chunk", .run_field = "period"};
+      wo.on_job = [this](const JobReport& r) { account(r); };
+      JobEffect effect = [this, client = p->client.get()](WorkItem& item) {
+        return cfg_.guarded ? guarded_chunk(item, *client) : naive_chunk(item);
+      };
+      p->worker = std::make_unique<StreamWorker>(*p->client, cfg_.stream, *p->runner, std::move(effect), wo);
+    }
+    for (auto& p : procs_) threads_.emplace_back([w = p->worker.get()] { w->run(); });
   }
 
   void stop_and_join() {
-    stop_ = true;
+    for (auto& p : procs_) p->worker->stop();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    procs_.clear();
   }
 
   BillingRunResult result() {
@@ -278,53 +310,35 @@ class Run {
                      .protects = "one charge per subscription per period, and its ledger entry"};
   }
 
-  void worker(int w) {
-    // Guarded workers are separate "processes": each has its own client, so
-    // freezing one event loop (the pause fault) stops only its renewals.
-    std::unique_ptr<redis::Client> own;
-    redis::Client* client = admin_.get();
-    std::shared_ptr<LockService> locks;
-    std::shared_ptr<LeaseScheduler> leases;
-    std::unique_ptr<GuardedRunner> runner;
-    if (cfg_.guarded) {
-      own = std::make_unique<redis::Client>(conn_);
-      client = own.get();
-      locks = LockService::create(*client, KeyBuilder(cfg_.prefix));
-      leases = LeaseScheduler::create(locks);
-      runner = std::make_unique<GuardedRunner>(leases, guarded_class(), RunnerBackends{.completions = completions_});
-    } else {
-      std::call_once(naive_locks_once_, [&] { naive_locks_ = LockService::create(*admin_, KeyBuilder(cfg_.prefix)); });
-      locks = naive_locks_;
+  LockClass naive_class() const {
+    return LockClass{.name = cfg_.lock_class,
+                     .key_pattern = "billing:chunk:{id}",
+                     .consequence = Consequence::low,  // a plain lock with a fixed TTL, nothing else
+                     .ttl = cfg_.ttl,
+                     .wait = cfg_.acquire_wait,
+                     .owner = "billing-demo",
+                     .protects = "nothing beyond the plain lock (the naive baseline)"};
+  }
+
+  // Per job, on the worker's event loop: progress and the counts the result
+  // reports. The worker already acted on the message.
+  void account(const JobReport& r) {
+    if (r.job->reclaimed) ++reclaimed_;
+    if (r.dead_lettered) ++dead_;
+    if (!r.run) return;
+    const Outcome o = r.run->outcome;
+    if (r.decision.action == Action::ack && r.action_error.empty()) {
+      if (o == Outcome::already_done) ++skipped_;
+      mark_done(std::stoi(r.job->field("chunk")));
+    } else if (o == Outcome::busy) {
+      // A live holder still works on it: it stays pending.
+    } else if (!(o == Outcome::failed && r.decision.action == Action::leave_pending)) {
+      // Lost, stale, a backend down, a failed attempt, an ack Redis did not
+      // take: restarted elsewhere. (A killed worker's job is left as it was.)
+      ++abandoned_;
     }
-    StreamSource source(*client, cfg_.stream);
-    const std::string consumer = "w" + std::to_string(w);
-    while (!stop_ && !finished()) {
-      std::optional<StreamJob> job;
-      try {
-        job = source.next(consumer);
-      } catch (const Error&) {
-        // Redis down or restarting, or the group not yet re-created: the
-        // producer fills the stream again; keep polling.
-        std::this_thread::sleep_for(milliseconds(20));
-        continue;
-      }
-      if (!job) continue;
-      if (job->reclaimed) ++reclaimed_;
-      try {
-        if (cfg_.guarded)
-          guarded_job(source, *job, *runner, *client);
-        else
-          naive_job(source, *job, *locks);
-      } catch (const Error&) {
-        // A Redis error mid-job (the restart): the job stays pending or is
-        // re-enqueued by the producer; guarded charges replay by their keys.
-        ++abandoned_;
-        try {
-          if (source.fail(*job, "redis error")) ++dead_;
-        } catch (const Error&) {
-        }
-      }
-    }
+    if (finished())
+      for (auto& p : procs_) p->worker->stop();
   }
 
   std::pair<int, int> range(int c) const {
@@ -343,82 +357,34 @@ class Run {
 
   // The guarded run is the runner's: claim (a fenced, renewing lease), the
   // effect (a charge per subscription under its idempotency key, each ledger
-  // write fenced), the completion record; the demo only injects faults and
-  // turns outcomes into stream acknowledgements.
-  void guarded_job(StreamSource& source, const StreamJob& job, GuardedRunner& runner, redis::Client& client) {
-    const int c = std::stoi(job.field("chunk"));
-    const Unit unit{.id = std::to_string(c), .run_id = cfg_.run_id, .job_id = "billing-chunk-" + std::to_string(c)};
-    bool crashed = false;
-    auto r = runner.run(unit, [&](JobContext& ctx) {
-      const std::int64_t fence = *ctx.fence();
-      auto [first, last] = range(c);
-      auto deadline = Clock::now();
-      for (int s = first; s < last; ++s) {
-        ctx.ensure(cfg_.min_left);  // a lost lease stops before the next charge
-        const std::string key = ctx.idempotency_key("sub:" + std::to_string(s));
-        if (provider_.charge(s, &key)) spend(deadline, s);
-        if (c == faults_.pause_chunk && s - first == faults_.pause_at && first_time(paused_)) {
-          // The whole "process" stops (a GC pause, SIGSTOP, a VM migration):
-          // this thread and the client's event loop, so nothing renews the
-          // lease. Blocking the loop is the fault being injected.
-          auto d = faults_.pause;
-          boost::asio::post(client.get_executor(), [d] { std::this_thread::sleep_for(d); });
-          std::this_thread::sleep_for(d);
-        }
-        if (!provider_.write_ledger(s, fence))
-          throw Error(errc::stale_fence, fmt::format("ledger refused fence {} for subscription {}", fence, s));
+  // write fenced), the completion record; the demo only injects faults.
+  std::string guarded_chunk(WorkItem& item, redis::Client& client) {
+    JobContext& ctx = item.context();
+    const int c = std::stoi(ctx.unit().id);
+    const std::int64_t fence = *ctx.fence();
+    auto [first, last] = range(c);
+    auto deadline = Clock::now();
+    for (int s = first; s < last; ++s) {
+      ctx.ensure(cfg_.min_left);  // a lost lease stops before the next charge
+      const std::string key = ctx.idempotency_key("sub:" + std::to_string(s));
+      if (provider_.charge(s, &key)) spend(deadline, s);
+      if (c == faults_.pause_chunk && s - first == faults_.pause_at && first_time(paused_)) {
+        // The whole "process" stops (a GC pause, SIGSTOP, a VM migration):
+        // this thread and the client's event loop, so nothing renews the
+        // lease. Blocking the loop is the fault being injected.
+        auto d = faults_.pause;
+        boost::asio::post(client.get_executor(), [d] { std::this_thread::sleep_for(d); });
+        std::this_thread::sleep_for(d);
       }
-      if (c == faults_.kill_chunk && first_time(killed_)) {
-        // Killed after the charges, before the completion record and the
-        // ack: no record, no ack; the job comes back after XAUTOCLAIM's idle
-        // time and its charges replay by their idempotency keys.
-        crashed = true;
-        throw std::runtime_error("worker killed (injected fault)");
-      }
-      return std::string();
-    });
-    switch (r.outcome) {
-      case Outcome::completed:
-        mark_done(c);
-        source.ack(job.id);
-        break;
-      case Outcome::already_done:
-        // A completed unit is skipped on a retry (a duplicate from the
-        // re-fill after the restart, or a delivery whose ack was lost).
-        ++skipped_;
-        mark_done(c);
-        source.ack(job.id);
-        break;
-      case Outcome::busy:
-        break;  // a live holder still works on it: it stays pending
-      case Outcome::lease_lost:
-      case Outcome::timed_out:
-      case Outcome::stale:
-        ++abandoned_;  // restart the attempt elsewhere; no ack, no record
-        break;
-      case Outcome::redis_unavailable:
-      case Outcome::postgres_unavailable:
-        ++abandoned_;
-        std::this_thread::sleep_for(milliseconds(20));
-        break;
-      case Outcome::failed:
-        if (!crashed) {
-          ++abandoned_;
-          if (source.fail(job, r.detail)) ++dead_;
-        }
-        break;
+      if (!provider_.write_ledger(s, fence))
+        throw Error(errc::stale_fence, fmt::format("ledger refused fence {} for subscription {}", fence, s));
     }
+    if (c == faults_.kill_chunk && first_time(killed_)) killed(item);
+    return std::string();
   }
 
-  void naive_job(StreamSource& source, const StreamJob& job, LockService& locks) {
-    const int c = std::stoi(job.field("chunk"));
-    LockOptions lo;
-    lo.ttl = cfg_.ttl;
-    lo.wait = cfg_.acquire_wait;
-    lo.job_id = "billing-chunk-" + std::to_string(c);
-    lo.lock_class = cfg_.lock_class;
-    auto lock = locks.acquire("billing:chunk:" + std::to_string(c), lo);
-    if (!lock) return;
+  std::string naive_chunk(WorkItem& item) {
+    const int c = std::stoi(item.context().unit().id);
     auto [first, last] = range(c);
     auto deadline = Clock::now();
     for (int s = first; s < last; ++s) {
@@ -428,11 +394,24 @@ class Run {
         std::this_thread::sleep_for(faults_.pause);
       provider_.write_ledger(s, std::nullopt);
     }
-    if (c == faults_.kill_chunk && first_time(killed_)) return;
-    mark_done(c);
-    lock->release();
-    source.ack(job.id);
+    if (c == faults_.kill_chunk && first_time(killed_)) killed(item);
+    return std::string();
   }
+
+  // Killed after the charges, before the completion record and the ack: no
+  // record, no ack; the job comes back after XAUTOCLAIM's idle time (and a
+  // guarded chunk's charges replay by their idempotency keys).
+  [[noreturn]] static void killed(WorkItem& item) {
+    item.leave_pending("worker killed (injected fault)");
+    throw std::runtime_error("worker killed (injected fault)");
+  }
+
+  struct Proc {
+    std::unique_ptr<redis::Client> client;
+    std::shared_ptr<LeaseScheduler> leases;
+    std::unique_ptr<GuardedRunner> runner;
+    std::unique_ptr<StreamWorker> worker;
+  };
 
   RunConfig cfg_;
   const BillingDemoOptions& opts_;
@@ -443,13 +422,13 @@ class Run {
   const int chunks_;
   std::unique_ptr<redis::Client> admin_;
   std::unique_ptr<StreamSource> producer_;
-  std::shared_ptr<LockService> naive_locks_;
-  std::once_flag naive_locks_once_;
   guard::CompletionStore* completions_;
+  NoRecords none_;
+  std::vector<std::unique_ptr<Proc>> procs_;
   std::mutex mu_;
   std::set<int> done_set_;
   std::atomic<int> done_{0};
-  std::atomic<bool> stop_{false}, killed_{false}, paused_{false};
+  std::atomic<bool> killed_{false}, paused_{false};
   std::atomic<std::int64_t> reclaimed_{0}, skipped_{0}, abandoned_{0}, dead_{0};
   std::atomic<Clock::time_point> finished_at_{};
   Clock::time_point started_{};

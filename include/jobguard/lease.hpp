@@ -94,11 +94,16 @@ class Lease {
 
   // Stops renewing and releases (compare-and-delete). True if it was still ours.
   bool release();
+  // The same without blocking, also on the event-loop thread: `done` runs on
+  // the loop with the answer (false at once for a lease already lost or
+  // released), or the Error of an unreachable Redis (the TTL frees the key).
+  void async_release(std::function<void(const Error&, bool)> done);
 
   struct State;
 
  private:
   friend class LeaseScheduler;
+  bool stop_for_release();
   explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
   std::shared_ptr<State> s_;
 };

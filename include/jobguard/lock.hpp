@@ -187,6 +187,10 @@ class Lock {
   // Compare-and-delete. True if the lock was still ours; false if it had
   // expired or been taken by someone else (nothing is deleted then).
   bool release();
+  // The same without blocking, also on the event-loop thread: `done` runs on
+  // the loop with the answer release() returns, or the Error (which names
+  // the key). Not held: `done` gets false at once.
+  void async_release(std::function<void(const Error&, bool)> done);
   // Compare-and-pexpire to `ttl` (default: the acquire ttl). False if no longer ours.
   bool extend(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // Forget the lock without releasing it (it expires by its TTL). For a

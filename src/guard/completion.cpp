@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "guard/async_internal.hpp"
 #include "guard/completion_internal.hpp"
 #include "guard/scripts.hpp"
 #include "jobguard/error.hpp"
@@ -11,6 +12,8 @@ namespace jobguard::guard {
 namespace {
 
 using detail::check_parts;
+using detail::checked;
+using detail::reporting;
 using detail::from_ms;
 
 // ':' separates the parts and '%' escapes: distinct triples, distinct keys.
@@ -39,13 +42,15 @@ std::string RedisCompletionStore::key_for(std::string_view job_kind, std::string
   return fmt::format("{}{}:{}:{}", opts_.prefix, encode_part(job_kind), encode_part(entity), encode_part(run_id));
 }
 
-RecordOutcome RedisCompletionStore::record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
-                                           std::string_view completed_by, std::string_view result) {
-  check_parts(job_kind, entity, run_id);
+namespace {
+
+const redis::Script& record_script() {
   static const redis::Script script{std::string(scripts::completion_record)};
-  auto r = client_.eval(script, {key_for(job_kind, entity, run_id)},
-                        {std::string(completed_by), std::string(result), std::to_string(opts_.retention.count())},
-                        {opts_.timeout});
+  return script;
+}
+
+RecordOutcome parse_record(const redis::Reply& r, std::string_view job_kind, std::string_view entity,
+                           std::string_view run_id) {
   if (!r.is_array() || r.elements.size() != 4)
     throw Error(errc::protocol_error, "completion_record script: unexpected reply " + redis::to_debug_string(r));
   RecordOutcome out;
@@ -55,16 +60,68 @@ RecordOutcome RedisCompletionStore::record(std::string_view job_kind, std::strin
   return out;
 }
 
-std::optional<CompletionRecord> RedisCompletionStore::find(std::string_view job_kind, std::string_view entity,
-                                                           std::string_view run_id) {
-  check_parts(job_kind, entity, run_id);
-  auto r = client_.exec(redis::Command{"HMGET", key_for(job_kind, entity, run_id), "at", "by", "result"},
-                        {opts_.timeout});
+redis::Command find_command(const std::string& key) { return redis::Command{"HMGET", key, "at", "by", "result"}; }
+
+std::optional<CompletionRecord> parse_find(const redis::Reply& r, std::string_view job_kind, std::string_view entity,
+                                           std::string_view run_id) {
   if (!r.is_array() || r.elements.size() != 3)
     throw Error(errc::protocol_error, "HMGET completion record: unexpected reply " + redis::to_debug_string(r));
   if (r.elements[0].is_nil()) return std::nullopt;
   return CompletionRecord{std::string(job_kind), std::string(entity), std::string(run_id),
                           from_ms(std::stoll(r.elements[0].str)), r.elements[1].str, r.elements[2].str};
+}
+
+}  // namespace
+
+void CompletionStore::async_record(std::string_view, std::string_view, std::string_view, std::string_view,
+                                   std::string_view, Done<RecordOutcome> done) {
+  detail::no_async_form(done, "this completion store");
+}
+
+void CompletionStore::async_find(std::string_view, std::string_view, std::string_view,
+                                 Done<std::optional<CompletionRecord>> done) {
+  detail::no_async_form(done, "this completion store");
+}
+
+RecordOutcome RedisCompletionStore::record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                                           std::string_view completed_by, std::string_view result) {
+  check_parts(job_kind, entity, run_id);
+  auto r = client_.eval(record_script(), {key_for(job_kind, entity, run_id)},
+                        {std::string(completed_by), std::string(result), std::to_string(opts_.retention.count())},
+                        {opts_.timeout});
+  return parse_record(r, job_kind, entity, run_id);
+}
+
+std::optional<CompletionRecord> RedisCompletionStore::find(std::string_view job_kind, std::string_view entity,
+                                                           std::string_view run_id) {
+  check_parts(job_kind, entity, run_id);
+  return parse_find(client_.exec(find_command(key_for(job_kind, entity, run_id)), {opts_.timeout}), job_kind, entity,
+                    run_id);
+}
+
+void RedisCompletionStore::async_record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                                        std::string_view completed_by, std::string_view result,
+                                        Done<RecordOutcome> done) {
+  if (!checked(done, [&] { check_parts(job_kind, entity, run_id); })) return;
+  client_.async_eval(record_script(), {key_for(job_kind, entity, run_id)},
+                     {std::string(completed_by), std::string(result), std::to_string(opts_.retention.count())},
+                     reporting<RecordOutcome>(client_, std::move(done),
+                                              [k = std::string(job_kind), e = std::string(entity),
+                                               id = std::string(run_id)](const redis::Reply& r) {
+                                                return parse_record(r, k, e, id);
+                                              }),
+                     {opts_.timeout});
+}
+
+void RedisCompletionStore::async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                                      Done<std::optional<CompletionRecord>> done) {
+  if (!checked(done, [&] { check_parts(job_kind, entity, run_id); })) return;
+  client_.async_exec(find_command(key_for(job_kind, entity, run_id)),
+                     reporting<std::optional<CompletionRecord>>(
+                         client_, std::move(done),
+                         [k = std::string(job_kind), e = std::string(entity), id = std::string(run_id)](
+                             const redis::Reply& r) { return parse_find(r, k, e, id); }),
+                     {opts_.timeout});
 }
 
 }  // namespace jobguard::guard

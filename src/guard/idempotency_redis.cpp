@@ -4,6 +4,7 @@
 
 #include <array>
 
+#include "guard/async_internal.hpp"
 #include "guard/scripts.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/idempotency.hpp"
@@ -58,15 +59,22 @@ void check_begin_args(std::string_view key, std::chrono::milliseconds lease, con
 RedisIdempotencyStore::RedisIdempotencyStore(redis::Client& client, IdempotencyOptions options)
     : client_(client), opts_(std::move(options)) {}
 
-BeginResult RedisIdempotencyStore::begin(std::string_view key, std::string_view fingerprint,
-                                         std::chrono::milliseconds lease, std::string_view owner) {
-  detail::check_begin_args(key, lease, opts_);
+namespace {
+
+const redis::Script& begin_script() {
   static const redis::Script script{std::string(scripts::idempotency_begin)};
-  const std::string me = owner.empty() ? make_owner_token() : std::string(owner);
-  auto r = client_.eval(script, {opts_.prefix + std::string(key)},
-                        {std::string(fingerprint), me, std::to_string(lease.count()),
-                         std::to_string(opts_.retention.count())},
-                        {opts_.timeout});
+  return script;
+}
+const redis::Script& complete_script() {
+  static const redis::Script script{std::string(scripts::idempotency_complete)};
+  return script;
+}
+const redis::Script& abandon_script() {
+  static const redis::Script script{std::string(scripts::idempotency_abandon)};
+  return script;
+}
+
+BeginResult parse_begin(const redis::Reply& r) {
   if (!r.is_array() || r.elements.size() != 5 || !r.elements[0].is_string())
     throw Error(errc::protocol_error, "idempotency_begin script: unexpected reply " + redis::to_debug_string(r));
   const std::string& st = r.elements[0].str;
@@ -91,24 +99,83 @@ BeginResult RedisIdempotencyStore::begin(std::string_view key, std::string_view 
   return b;
 }
 
-void RedisIdempotencyStore::complete(std::string_view key, std::string_view owner, std::string_view result) {
-  static const redis::Script script{std::string(scripts::idempotency_complete)};
-  auto r = client_.eval(script, {opts_.prefix + std::string(key)},
-                        {std::string(owner), std::string(result), std::to_string(opts_.retention.count())},
-                        {opts_.timeout});
+// True, or the lease_lost failure: the key is no longer `owner`'s.
+bool parse_complete(const redis::Reply& r, std::string_view key, std::string_view owner) {
   if (!r.is_array() || r.elements.empty())
     throw Error(errc::protocol_error, "idempotency_complete script: unexpected reply " + redis::to_debug_string(r));
-  if (r.elements[0].integer == 1) return;
+  if (r.elements[0].integer == 1) return true;
   const std::string state = r.elements.size() > 1 && !r.elements[1].is_nil() ? r.elements[1].str : "absent";
   const std::string holder = r.elements.size() > 2 && !r.elements[2].is_nil() ? r.elements[2].str : "nobody";
   throw Error(errc::lease_lost, fmt::format("idempotency key \"{}\": not held by {} (state {}, owner {})", key,
                                             owner, state, holder));
 }
 
+bool parse_abandon(const redis::Reply& r) { return r.is_integer() && r.integer == 1; }
+
+}  // namespace
+
+void IdempotencyStore::async_begin(std::string_view, std::string_view, std::chrono::milliseconds, std::string_view,
+                                   Done<BeginResult> done) {
+  detail::no_async_form(done, "this idempotency store");
+}
+void IdempotencyStore::async_complete(std::string_view, std::string_view, std::string_view, Done<bool> done) {
+  detail::no_async_form(done, "this idempotency store");
+}
+void IdempotencyStore::async_abandon(std::string_view, std::string_view, Done<bool> done) {
+  detail::no_async_form(done, "this idempotency store");
+}
+
+BeginResult RedisIdempotencyStore::begin(std::string_view key, std::string_view fingerprint,
+                                         std::chrono::milliseconds lease, std::string_view owner) {
+  detail::check_begin_args(key, lease, opts_);
+  const std::string me = owner.empty() ? make_owner_token() : std::string(owner);
+  return parse_begin(client_.eval(begin_script(), {opts_.prefix + std::string(key)},
+                                  {std::string(fingerprint), me, std::to_string(lease.count()),
+                                   std::to_string(opts_.retention.count())},
+                                  {opts_.timeout}));
+}
+
+void RedisIdempotencyStore::complete(std::string_view key, std::string_view owner, std::string_view result) {
+  parse_complete(client_.eval(complete_script(), {opts_.prefix + std::string(key)},
+                              {std::string(owner), std::string(result), std::to_string(opts_.retention.count())},
+                              {opts_.timeout}),
+                 key, owner);
+}
+
 bool RedisIdempotencyStore::abandon(std::string_view key, std::string_view owner) {
-  static const redis::Script script{std::string(scripts::idempotency_abandon)};
-  auto r = client_.eval(script, {opts_.prefix + std::string(key)}, {std::string(owner)}, {opts_.timeout});
-  return r.is_integer() && r.integer == 1;
+  return parse_abandon(
+      client_.eval(abandon_script(), {opts_.prefix + std::string(key)}, {std::string(owner)}, {opts_.timeout}));
+}
+
+void RedisIdempotencyStore::async_begin(std::string_view key, std::string_view fingerprint,
+                                        std::chrono::milliseconds lease, std::string_view owner,
+                                        Done<BeginResult> done) {
+  std::string me;
+  if (!detail::checked(done, [&] {
+        detail::check_begin_args(key, lease, opts_);
+        me = owner.empty() ? make_owner_token() : std::string(owner);
+      }))
+    return;
+  client_.async_eval(begin_script(), {opts_.prefix + std::string(key)},
+                     {std::string(fingerprint), std::move(me), std::to_string(lease.count()),
+                      std::to_string(opts_.retention.count())},
+                     detail::reporting<BeginResult>(client_, std::move(done), parse_begin), {opts_.timeout});
+}
+
+void RedisIdempotencyStore::async_complete(std::string_view key, std::string_view owner, std::string_view result,
+                                           Done<bool> done) {
+  client_.async_eval(complete_script(), {opts_.prefix + std::string(key)},
+                     {std::string(owner), std::string(result), std::to_string(opts_.retention.count())},
+                     detail::reporting<bool>(client_, std::move(done),
+                                             [k = std::string(key), o = std::string(owner)](const redis::Reply& r) {
+                                               return parse_complete(r, k, o);
+                                             }),
+                     {opts_.timeout});
+}
+
+void RedisIdempotencyStore::async_abandon(std::string_view key, std::string_view owner, Done<bool> done) {
+  client_.async_eval(abandon_script(), {opts_.prefix + std::string(key)}, {std::string(owner)},
+                     detail::reporting<bool>(client_, std::move(done), parse_abandon), {opts_.timeout});
 }
 
 }  // namespace jobguard::guard

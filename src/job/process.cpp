@@ -45,7 +45,8 @@ bool withheld(std::string_view name) {
 
 class SpawnAttrs {
  public:
-  explicit SpawnAttrs(pid_t pgroup) {
+  // `block_all`: start with every signal blocked (the guardian) instead of none.
+  explicit SpawnAttrs(pid_t pgroup, bool block_all = false) {
     posix_spawnattr_init(&attr_);
     // Every disposition back to default: ignored ones survive exec, and
     // jobguard ignores SIGPIPE (so must CMD not: `cmd | head -1` relies on it),
@@ -55,7 +56,8 @@ class SpawnAttrs {
     sigfillset(&defaults);
     sigdelset(&defaults, SIGKILL);
     sigdelset(&defaults, SIGSTOP);
-    sigemptyset(&empty);
+    if (block_all) sigfillset(&empty);
+    else sigemptyset(&empty);
     posix_spawnattr_setsigdefault(&attr_, &defaults);
     posix_spawnattr_setsigmask(&attr_, &empty);
     posix_spawnattr_setpgroup(&attr_, pgroup);
@@ -80,42 +82,37 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
-// The guardian, in the child of fork(). Only raw system calls from here on:
-// the parent may have other threads (the Redis client's loop), so a lock in
-// malloc or in a sanitizer runtime may be held by a thread that does not
-// exist in this copy.
-[[noreturn]] void guardian_main(int rfd, long max_fd) {
-  // Blocked rather than ignored: no sigaction (intercepted by sanitizers), and
-  // a blocked SIGTTIN/SIGTTOU/SIGTSTP does not stop us. Signals sent to the
-  // group (forwarded ones, ^C when CMD is in the foreground) stay pending here.
-  sigset_t all;
-  sigfillset(&all);
-  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, nullptr, 8);
-  ::syscall(SYS_setpgid, 0, 0);
-  // Our copy of every other descriptor goes: above all the write end of our
-  // own pipe and those of other guardians' pipes, which would hold off EOF.
-  long rc = -1;
-#ifdef SYS_close_range
-  rc = 0;
-  if (rfd > 0) rc |= ::syscall(SYS_close_range, 0U, static_cast<unsigned>(rfd - 1), 0U);
-  rc |= ::syscall(SYS_close_range, static_cast<unsigned>(rfd + 1), ~0U, 0U);
-#endif
-  if (rc != 0)
-    for (long fd = 0; fd < max_fd; ++fd)
-      if (fd != rfd) ::syscall(SYS_close, fd);
-  char c;
-  for (;;) {
-    const long n = ::syscall(SYS_read, rfd, &c, 1);
-    if (n > 0 || (n < 0 && errno == EINTR)) continue;
-    break;  // EOF: the owner is gone or done
+// The guardian: /bin/sh leading CMD's new process group, every signal
+// blocked, reading a pipe whose write end only we hold. At EOF — we closed it
+// when CMD ended, or we died of anything, SIGKILL included — it kills the
+// group, itself with it. Blocked, not ignored: signals sent to the group
+// (forwarded ones, ^C with CMD in the foreground) stay pending in it, and a
+// blocked SIGTTIN/SIGTTOU/SIGTSTP does not stop it. It is spawned as CMD is
+// (vfork + exec), never forked: a fork copies the page tables of the whole
+// process, milliseconds for a busy worker, on the event loop, once per CMD —
+// that serialised every spawn of a concurrent worker.
+constexpr const char* kGuardianScript = "read _; kill -KILL 0";
+
+class SpawnFiles {
+ public:
+  // The guardian's descriptors: the pipe on stdin, /dev/null for output,
+  // nothing else (above all no other guardian's pipe, which would hold off
+  // that guardian's EOF; ours are close-on-exec too, this is the backstop).
+  explicit SpawnFiles(int rfd) {
+    posix_spawn_file_actions_init(&fa_);
+    posix_spawn_file_actions_adddup2(&fa_, rfd, 0);
+    posix_spawn_file_actions_addopen(&fa_, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa_, 1, 2);
+    posix_spawn_file_actions_addclosefrom_np(&fa_, 3);
   }
-  const long self = ::syscall(SYS_getpid);
-  // Never kill a group we do not lead (setpgid failed: we would be in the
-  // owner's group).
-  if (::syscall(SYS_getpgid, 0) == self) ::syscall(SYS_kill, -self, SIGKILL);
-  ::syscall(SYS_exit_group, 0);
-  __builtin_unreachable();
-}
+  ~SpawnFiles() { posix_spawn_file_actions_destroy(&fa_); }
+  SpawnFiles(const SpawnFiles&) = delete;
+  SpawnFiles& operator=(const SpawnFiles&) = delete;
+  const posix_spawn_file_actions_t* get() const { return &fa_; }
+
+ private:
+  posix_spawn_file_actions_t fa_;
+};
 
 // tcsetpgrp from a process that is not in the foreground raises SIGTTOU
 // unless it is blocked (termios(3)); block it on this thread for the call.
@@ -252,7 +249,6 @@ struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
 Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit, StopHandler on_stop)
     : impl_(std::make_shared<Impl>(ex)) {
   if (options.argv.empty() || options.argv[0].empty()) throw Error(errc::invalid_argument, "no command to run");
-  // Everything the fork child might need is allocated before the fork.
   std::vector<char*> argv;
   for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -260,7 +256,6 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const long max_fd = std::clamp(::sysconf(_SC_OPEN_MAX), 1024L, 1L << 20);
   auto fail = [&](int err, std::string_view what) {
     // std::system_error appends the errno's text.
     throw std::system_error(err, std::generic_category(),
@@ -271,7 +266,7 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   auto& s = *impl_;
   s.on_exit = std::move(on_exit);
   s.on_stop = std::move(on_stop);
-  // Installed before the fork so that no SIGCHLD of ours is missed.
+  // Installed before the guardian exists so that no SIGCHLD of ours is missed.
   s.sigchld.add(SIGCHLD);
   // Asio installs its handler without SA_RESTART: every stop, continue and
   // exit of a child would then fail a blocking call on another thread (a
@@ -284,20 +279,22 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
 
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) fail(errno, "pipe");
-  const pid_t g = ::fork();
-  if (g < 0) {
-    const int err = errno;
+  pid_t g = -1;
+  {
+    SpawnFiles files(fds[0]);
+    SpawnAttrs guardian_attrs(0, /*block_all=*/true);  // pgroup 0: a new group, led by the guardian
+    char sh[] = "sh", dash_c[] = "-c";
+    char* gargv[] = {sh, dash_c, const_cast<char*>(kGuardianScript), nullptr};
+    char* genv[] = {nullptr};
+    const int rc = ::posix_spawn(&g, "/bin/sh", files.get(), guardian_attrs.get(), gargv, genv);
     ::close(fds[0]);
-    ::close(fds[1]);
-    fail(err, "fork");
+    if (rc != 0) {
+      ::close(fds[1]);
+      fail(rc, "starting its guardian (/bin/sh)");
+    }
   }
-  if (g == 0) guardian_main(fds[0], max_fd);
-  ::close(fds[0]);
   s.guardian = g;
   s.guardian_pipe = fds[1];
-  // Both sides set the group (the usual race-free idiom): CMD must not be
-  // spawned before the group exists.
-  ::setpgid(g, g);
   // From here on, a failure must end the guardian (it kills only its own group).
   auto undo = [&](int err, std::string_view what) {
     s.release_terminal();

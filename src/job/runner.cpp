@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <limits>
-#include <thread>
 
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
@@ -13,12 +17,19 @@
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/metrics.hpp"
+#include "jobguard/redis/client.hpp"
+#include "job/awaiting.hpp"
 
 namespace jobguard::job {
 namespace {
 
+namespace asio = boost::asio;
+using asio::awaitable;
+using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using detail::await_done;
+using detail::on_blocking;
 
 // Redis could not serve us (as opposed to refusing what we asked): the only
 // errors a class's fail-open policy applies to. Decided by the error's
@@ -101,8 +112,16 @@ void JobContext::ensure(std::optional<std::chrono::milliseconds> min_left) const
                                               lock_key_, std::max<std::int64_t>(0, left.count()), need.count()));
 }
 
+// What the effect is and where blocking work goes.
+struct GuardedRunner::Body {
+  Effect sync;         // runs on `blocking`
+  AsyncEffect async;   // runs on the event loop
+  asio::any_io_executor blocking;
+};
+
 struct GuardedRunner::Attempt {
   const Unit* unit = nullptr;
+  const Body* body = nullptr;
   std::string resource, job_id, fingerprint;
   std::optional<Lock> lock;
   std::optional<Lease> lease;
@@ -139,9 +158,14 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
     throw bad(fmt::format("an idempotency store is the moderate row's guard, not the {} row's",
                           to_string(cls_.consequence)));
   if (b_.worker.empty()) b_.worker = default_worker();
+  m_ = &(b_.registry ? *b_.registry : observe::Registry::global()).lock_class(cls_.name);
 }
 
 GuardedRunner::~GuardedRunner() = default;
+
+std::string GuardedRunner::lock_key_for(std::string_view unit_id) const {
+  return leases_->service().keys().lock_key(cls_.resource_for(unit_id));
+}
 
 std::unique_ptr<guard::PgConnection> GuardedRunner::take_pg() {
   {
@@ -173,57 +197,211 @@ void GuardedRunner::emit(const Attempt& a, std::string_view event, std::string_v
   b_.log->emit(e);
 }
 
-std::optional<std::string> GuardedRunner::find_done(Attempt& a, const std::string& run_id) {
+namespace {
+// A blocking call needs somewhere to run that is not the event loop.
+void need_blocking(const asio::any_io_executor& ex, std::string_view cls, std::string_view what) {
+  if (!ex)
+    throw Error(errc::invalid_argument,
+                fmt::format("lock class '{}': {} blocks; async_run needs a blocking executor for it", cls, what));
+}
+}  // namespace
+
+awaitable<std::optional<std::string>> GuardedRunner::find_done(Attempt& a, const std::string& run_id) {
   if (cls_.consequence == Consequence::high) {
-    auto res = [&] {
+    need_blocking(a.body->blocking, cls_.name, "a PostgreSQL completion record");
+    auto res = co_await on_blocking(a.body->blocking, [&] {
       auto conn = take_pg();
       auto rows = conn->exec(kSelectDone, {cls_.name, a.resource, run_id});
       give_pg(std::move(conn));
       return rows;
-    }();
-    if (res.empty()) return std::nullopt;
-    return res.rows[0][0].value_or("");
+    });
+    if (res.empty()) co_return std::nullopt;
+    co_return res.rows[0][0].value_or("");
   }
-  auto rec = b_.completions->find(cls_.name, a.resource, run_id);
-  if (!rec) return std::nullopt;
-  return rec->result;
+  std::optional<guard::CompletionRecord> rec;
+  if (b_.completions->is_async()) {
+    rec = co_await await_done<std::optional<guard::CompletionRecord>>(
+        [&](auto done) { b_.completions->async_find(cls_.name, a.resource, run_id, std::move(done)); });
+  } else {
+    need_blocking(a.body->blocking, cls_.name, "the completion store");
+    rec = co_await on_blocking(a.body->blocking, [&] { return b_.completions->find(cls_.name, a.resource, run_id); });
+  }
+  if (!rec) co_return std::nullopt;
+  co_return rec->result;
 }
 
-void GuardedRunner::record_done(Attempt& a, const std::string& run_id, const std::string& result) {
+awaitable<void> GuardedRunner::record_done(Attempt& a, const std::string& run_id, const std::string& result) {
   if (cls_.consequence == Consequence::high) {
-    [&] {
+    need_blocking(a.body->blocking, cls_.name, "a PostgreSQL completion record");
+    co_await on_blocking(a.body->blocking, [&] {
       auto conn = take_pg();
       // ON CONFLICT: a chunked unit's final record may race a fail-open twin;
       // either record proves the same thing.
       conn->exec(std::string(kInsertDone) + " ON CONFLICT DO NOTHING",
                  {cls_.name, a.resource, run_id, b_.worker, result});
       give_pg(std::move(conn));
-    }();
-    return;
+    });
+    co_return;
   }
-  b_.completions->record(cls_.name, a.resource, run_id, b_.worker, result);
+  if (b_.completions->is_async()) {
+    co_await await_done<guard::RecordOutcome>([&](auto done) {
+      b_.completions->async_record(cls_.name, a.resource, run_id, b_.worker, result, std::move(done));
+    });
+  } else {
+    need_blocking(a.body->blocking, cls_.name, "the completion store");
+    co_await on_blocking(a.body->blocking,
+                         [&] { b_.completions->record(cls_.name, a.resource, run_id, b_.worker, result); });
+  }
 }
 
-RunResult GuardedRunner::run(const Unit& unit, const Effect& effect) {
+namespace {
+// A store call in its asynchronous form where the store has one, else its
+// blocking form on the blocking executor.
+template <class T, class Store, class Async, class Sync>
+awaitable<T> store_call(Store& store, const asio::any_io_executor& blocking, std::string_view cls, Async async,
+                        Sync sync) {
+  if (store.is_async()) co_return co_await await_done<T>(std::move(async));
+  need_blocking(blocking, cls, "the idempotency store");
+  co_return co_await on_blocking(blocking, std::move(sync));
+}
+}  // namespace
+
+// The moderate row's idempotency key, claimed before the effect. nullopt:
+// go on to the effect (`idem_ok`: the key is ours, `owner` its token; false
+// when a fail-open run could not reach the store). A value: the step ends
+// here and run_step returns it.
+awaitable<std::optional<bool>> GuardedRunner::claim_idempotency(Attempt& a, JobContext& ctx, const std::string& run_id,
+                                                                int chunk, RunResult& r, std::string& owner,
+                                                                bool& idem_ok) {
+  const auto lease = cls_.long_running ? cls_.hard_timeout : cls_.ttl;
+  try {
+    for (int round = 0;; ++round) {
+      auto b = co_await store_call<guard::BeginResult>(
+          *b_.idempotency, a.body->blocking, cls_.name,
+          [&](auto done) { b_.idempotency->async_begin(ctx.idem_key_, a.fingerprint, lease, {}, std::move(done)); },
+          [&] { return b_.idempotency->begin(ctx.idem_key_, a.fingerprint, lease); });
+      if (b.status == guard::BeginStatus::claimed) {
+        owner = b.owner;
+        idem_ok = true;
+        co_return std::nullopt;
+      }
+      if (b.status == guard::BeginStatus::completed) {
+        // The effect ran and its key completed, but the completion record
+        // was not written (a crash between the two): record it now.
+        r.result = b.result;
+        co_await record_done(a, run_id, r.result);
+        if (chunk >= 0) ++r.chunks_skipped;
+        emit(a, "skipped", "idempotency_completed", ctx.idem_key_);
+        if (chunk < 0) {
+          r.outcome = Outcome::already_done;
+          r.detail = fmt::format("idempotency key {} completed earlier", ctx.idem_key_);
+          co_return false;
+        }
+        co_return true;
+      }
+      if (b.status == guard::BeginStatus::in_progress) {
+        // We hold the unit's lock, so the claim's owner lost its lock or
+        // died; a crashed worker's claim passes about when its lock
+        // expired, i.e. just about now. Waiting for it once (within our own
+        // lock time) beats answering busy: every busy answer costs the job
+        // a delivery, and enough of them dead-letter it.
+        const auto room = ctx.guarded_ ? ctx.safe_time_left() - cls_.effective_min_time_left() : cls_.wait;
+        const auto nap = b.lease_left + milliseconds(20);
+        if (round == 0 && nap <= room) {
+          emit(a, "idempotency_wait", "in_progress",
+               fmt::format("key {} held by {} for {} ms more", ctx.idem_key_, b.owner, b.lease_left.count()));
+          asio::steady_timer t(co_await asio::this_coro::executor, nap);
+          co_await t.async_wait(use_awaitable);
+          if (ctx.guarded_) ctx.ensure();
+          continue;
+        }
+        throw StepVerdict{Outcome::busy,
+                          fmt::format("idempotency key {} is in progress by {} for {} ms more", ctx.idem_key_,
+                                      b.owner, b.lease_left.count()),
+                          {}};
+      }
+      throw StepVerdict{Outcome::failed,
+                        fmt::format("idempotency key {} was used for a different request (fingerprint {})",
+                                    ctx.idem_key_, b.stored_fingerprint),
+                        {}};
+    }
+  } catch (const Error& e) {
+    if (!a.fail_open || !redis_down(e)) throw;
+    idem_ok = false;  // fail-open: the downstream still gets the key
+    emit(a, "idempotency_unavailable", "error", e.what());
+  }
+  co_return std::nullopt;
+}
+
+void GuardedRunner::check(const Unit& unit, bool has_effect) const {
   if (unit.id.empty()) throw Error(errc::invalid_argument, fmt::format("lock class '{}': unit without id", cls_.name));
   if (unit.run_id.empty())
     throw Error(errc::invalid_argument, fmt::format("lock class '{}': unit '{}' without run_id", cls_.name, unit.id));
   if (unit.chunks < 0)
     throw Error(errc::invalid_argument, fmt::format("lock class '{}': unit '{}' has {} chunks", cls_.name, unit.id,
                                                     unit.chunks));
-  if (!effect) throw Error(errc::invalid_argument, fmt::format("lock class '{}': empty effect", cls_.name));
+  if (!has_effect) throw Error(errc::invalid_argument, fmt::format("lock class '{}': empty effect", cls_.name));
+  KeyBuilder::validate_resource(cls_.resource_for(unit.id));
+}
+
+RunResult GuardedRunner::run(const Unit& unit, const Effect& effect) {
+  check(unit, static_cast<bool>(effect));
+  auto& client = leases_->service().client();
+  if (client.running_in_loop_thread())
+    throw Error(errc::invalid_argument,
+                fmt::format("lock class '{}': run() blocks; on the event loop use async_run", cls_.name));
+  // The run is a coroutine on the client's loop; this thread is its
+  // `blocking` executor, so the effect and PostgreSQL run here, as a
+  // blocking caller expects.
+  asio::io_context here;
+  auto work = asio::make_work_guard(here);
+  std::exception_ptr failure;
+  RunResult out;
+  asio::co_spawn(client.get_executor(), async_run(unit, effect, here.get_executor()),
+                 [&](std::exception_ptr e, RunResult r) {
+                   asio::post(here, [&, e, r = std::move(r)]() mutable {
+                     failure = e;
+                     out = std::move(r);
+                     work.reset();
+                   });
+                 });
+  here.run();
+  if (failure) std::rethrow_exception(failure);
+  return out;
+}
+
+awaitable<RunResult> GuardedRunner::async_run(Unit unit, AsyncEffect effect, asio::any_io_executor blocking) {
+  check(unit, static_cast<bool>(effect));
+  if (cls_.consequence == Consequence::high)
+    throw Error(errc::invalid_argument,
+                fmt::format("lock class '{}' is high: its effect runs inside a PostgreSQL transaction and must be a "
+                            "blocking Effect",
+                            cls_.name));
+  // Named: g++ 12 destroys a temporary inside a co_await expression twice.
+  Body body{{}, std::move(effect), std::move(blocking)};
+  co_return co_await run_coro(std::move(unit), std::move(body));
+}
+
+awaitable<RunResult> GuardedRunner::async_run(Unit unit, Effect effect, asio::any_io_executor blocking) {
+  check(unit, static_cast<bool>(effect));
+  need_blocking(blocking, cls_.name, "a blocking Effect");
+  Body body{std::move(effect), {}, std::move(blocking)};
+  co_return co_await run_coro(std::move(unit), std::move(body));
+}
+
+awaitable<RunResult> GuardedRunner::run_coro(Unit unit, Body body) {
   Attempt a;
   a.unit = &unit;
+  a.body = &body;
   a.t0 = Clock::now();
   a.resource = cls_.resource_for(unit.id);
-  KeyBuilder::validate_resource(a.resource);
   a.job_id = unit.job_id.empty() ? cls_.name + ":" + unit.id : unit.job_id;
   a.fingerprint = unit.fingerprint.empty() ? unit.run_id : unit.fingerprint;
-  a.m = &observe::Registry::global().lock_class(cls_.name);
+  a.m = m_;
 
   RunResult r;
   try {
-    run_guarded(a, effect, r);
+    co_await run_guarded(a, r);
   } catch (const StepVerdict& v) {
     r.outcome = v.outcome;
     r.detail = v.detail;
@@ -244,19 +422,22 @@ RunResult GuardedRunner::run(const Unit& unit, const Effect& effect) {
   if (a.lease) r.fence = a.lease->fence();
   if (a.lock) r.fence = a.lock->fence();
   // Release before reporting: the next worker may start as soon as it hears.
-  try {
-    if (a.lease) a.lease->release();
-    if (a.lock) a.lock->release();
-  } catch (const Error&) {
-    // Redis went away after the work: the lock frees itself at its TTL.
-  }
+  // A Redis gone after the work is no failure of the run: the lock frees
+  // itself at its TTL.
+  auto release = [](auto& held) {
+    return await_done<bool>([&held](auto done) {
+      held.async_release([done = std::move(done)](const Error&, bool ours) { done(nullptr, ours); });
+    });
+  };
+  if (a.lease) co_await release(*a.lease);
+  if (a.lock) co_await release(*a.lock);
   r.elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - a.t0);
   emit(a, r.outcome == Outcome::already_done ? "skipped" : r.ok() ? "completed" : "failed", to_string(r.outcome),
        r.detail);
-  return r;
+  co_return r;
 }
 
-void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) {
+awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   const Unit& unit = *a.unit;
   // Phase 1 before the lock: a duplicate delivery of finished work costs one
   // read, not a lock round.
@@ -274,14 +455,14 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   };
   std::optional<std::string> done;
   try {
-    done = find_done(a, unit.run_id);
+    done = co_await find_done(a, unit.run_id);
   } catch (const Error& e) {
     if (!redis_down(e)) throw;
     if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
     // Fail-open and the record store is down too: we cannot know; the class
     // declared that running is acceptable. Counted with the fail-open below.
   }
-  if (done) return already_done(*done);
+  if (done) co_return already_done(*done);
 
   // Phase 2: claim.
   LockOptions lo;
@@ -291,14 +472,19 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   lo.job_id = a.job_id;
   lo.lock_class = cls_.name;
   try {
+    auto lock = co_await await_done<std::optional<Lock>>([&](auto granted) {
+      leases_->service().async_acquire(a.resource, lo,
+                                       [granted = std::move(granted)](const Error& e, std::optional<Lock> l) {
+                                         granted(e ? std::make_exception_ptr(e) : nullptr, std::move(l));
+                                       });
+    });
+    if (!lock) throw StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}};
     if (cls_.long_running) {
       LeaseOptions leo;
       leo.hard_timeout = cls_.hard_timeout;
-      a.lease = leases_->acquire(a.resource, lo, leo);
-      if (!a.lease) throw StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}};
+      a.lease = leases_->adopt(std::move(*lock), leo);
     } else {
-      a.lock = leases_->service().acquire(a.resource, lo);
-      if (!a.lock) throw StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}};
+      a.lock = std::move(lock);
     }
   } catch (const Error& e) {
     if (!redis_down(e)) throw;
@@ -315,19 +501,19 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   // Phase 1 again, under the lock: another worker may have finished between
   // our first look and our grant.
   if (!a.fail_open) {
-    done = find_done(a, unit.run_id);
-    if (done) return already_done(*done);
+    done = co_await find_done(a, unit.run_id);
+    if (done) co_return already_done(*done);
   }
 
   // Phases 3 and 4.
   if (unit.chunks == 0) {
-    if (!run_step(a, effect, -1, r)) return;
+    if (!co_await run_step(a, -1, r)) co_return;
   } else {
     for (int c = 0; c < unit.chunks; ++c)
-      if (!run_step(a, effect, c, r)) return;
+      if (!co_await run_step(a, c, r)) co_return;
     // The unit's own record: the next delivery skips it with one read.
     try {
-      record_done(a, unit.run_id, r.result);
+      co_await record_done(a, unit.run_id, r.result);
     } catch (const Error& e) {
       if (!a.fail_open) throw;
       emit(a, "record_failed", "error", e.what());
@@ -336,9 +522,63 @@ void GuardedRunner::run_guarded(Attempt& a, const Effect& effect, RunResult& r) 
   r.outcome = Outcome::completed;
 }
 
+// The high row's step, on the blocking executor: the effect inside a
+// PostgreSQL transaction that holds an advisory lock on the resource and
+// commits the completion record. False when the run must stop.
+bool GuardedRunner::high_step(Attempt& a, JobContext& ctx, const std::string& run_id, int chunk, RunResult& r) {
+  const Unit& unit = *a.unit;
+  auto conn = take_pg();
+  bool skipped = false;
+  std::string result;
+  try {
+    conn->transact([&](guard::PgTransaction& tx) {
+      // The durable guard: one transaction per resource at a time, whatever
+      // Redis says (it may have lost the lock, or be down and fail-open).
+      const std::string name = cls_.name + "/" + a.resource;
+      const bool got = cls_.wait.count() > 0 ? tx.advisory_xact_lock(name, cls_.wait) : tx.try_advisory_xact_lock(name);
+      if (!got)
+        throw StepVerdict{Outcome::busy, fmt::format("advisory lock {} is held by another transaction", name), {}};
+      auto res = tx.exec(kSelectDone, {cls_.name, a.resource, run_id});
+      if (!res.empty()) {
+        skipped = true;
+        result = res.rows[0][0].value_or("");
+        return;
+      }
+      ctx.tx_ = &tx;
+      result = a.body->sync(ctx);
+      ctx.tx_ = nullptr;
+      // The record commits with the effect's writes, or neither does.
+      tx.exec(kInsertDone, {cls_.name, a.resource, run_id, b_.worker, result});
+    });
+  } catch (const Error& e) {
+    // A connection that failed mid-transaction is not reused.
+    if (e.code() != make_error_code(errc::postgres_unavailable) && e.code() != make_error_code(errc::in_doubt))
+      give_pg(std::move(conn));
+    throw;
+  } catch (...) {
+    give_pg(std::move(conn));
+    throw;
+  }
+  give_pg(std::move(conn));
+  if (skipped) {
+    if (chunk < 0) {
+      r.outcome = Outcome::already_done;
+      r.result = result;
+      r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, run_id);
+      return false;
+    }
+    ++r.chunks_skipped;
+    emit(a, "skipped", "checkpoint", fmt::format("chunk {} of {} completed earlier", chunk, unit.chunks));
+    return true;
+  }
+  r.result = std::move(result);
+  if (chunk >= 0) ++r.chunks_run;
+  return true;
+}
+
 // One effect call (a chunk, or the whole unit) and its completion record.
 // False when the run must stop; r.outcome then says why.
-bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunResult& r) {
+awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r) {
   const Unit& unit = *a.unit;
   const std::string run_id = step_run_id(unit.run_id, chunk);
 
@@ -369,7 +609,7 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
     // The checkpoint: a chunk recorded by an earlier, crashed attempt.
     std::optional<std::string> done;
     try {
-      done = find_done(a, run_id);
+      done = co_await find_done(a, run_id);
     } catch (const Error& e) {
       if (!a.fail_open) throw;
       emit(a, "record_unreadable", "error", e.what());
@@ -377,133 +617,41 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
     if (done) {
       ++r.chunks_skipped;
       emit(a, "skipped", "checkpoint", fmt::format("chunk {} of {} completed earlier", chunk, unit.chunks));
-      return true;
+      co_return true;
     }
   }
   if (ctx.guarded_) ctx.ensure();  // a lost lease stops the unit before the next chunk starts
 
-  if (cls_.consequence == Consequence::high) {
-    auto conn = take_pg();
-    bool skipped = false;
-    std::string result;
-    try {
-      conn->transact([&](guard::PgTransaction& tx) {
-        // The durable guard: one transaction per resource at a time, whatever
-        // Redis says (it may have lost the lock, or be down and fail-open).
-        const std::string name = cls_.name + "/" + a.resource;
-        const bool got = cls_.wait.count() > 0 ? tx.advisory_xact_lock(name, cls_.wait) : tx.try_advisory_xact_lock(name);
-        if (!got)
-          throw StepVerdict{Outcome::busy, fmt::format("advisory lock {} is held by another transaction", name), {}};
-        auto res = tx.exec(kSelectDone, {cls_.name, a.resource, run_id});
-        if (!res.empty()) {
-          skipped = true;
-          result = res.rows[0][0].value_or("");
-          return;
-        }
-        ctx.tx_ = &tx;
-        result = effect(ctx);
-        ctx.tx_ = nullptr;
-        // The record commits with the effect's writes, or neither does.
-        tx.exec(kInsertDone, {cls_.name, a.resource, run_id, b_.worker, result});
-      });
-    } catch (const Error& e) {
-      // A connection that failed mid-transaction is not reused.
-      if (e.code() != make_error_code(errc::postgres_unavailable) && e.code() != make_error_code(errc::in_doubt))
-        give_pg(std::move(conn));
-      throw;
-    } catch (...) {
-      give_pg(std::move(conn));
-      throw;
-    }
-    give_pg(std::move(conn));
-    if (skipped) {
-      if (chunk < 0) {
-        r.outcome = Outcome::already_done;
-        r.result = result;
-        r.detail = fmt::format("{} {} run {} already completed", cls_.name, a.resource, run_id);
-        return false;
-      }
-      ++r.chunks_skipped;
-      emit(a, "skipped", "checkpoint", fmt::format("chunk {} of {} completed earlier", chunk, unit.chunks));
-      return true;
-    }
-    r.result = std::move(result);
-    if (chunk >= 0) ++r.chunks_run;
-    return true;
-  }
+  if (cls_.consequence == Consequence::high)
+    co_return co_await on_blocking(a.body->blocking, [&] { return high_step(a, ctx, run_id, chunk, r); });
 
   // Low and moderate.
   std::string owner;
-  const bool use_idem = b_.idempotency != nullptr;
-  bool idem_ok = use_idem;
-  if (use_idem) {
-    try {
-      for (int round = 0;; ++round) {
-        auto b =
-            b_.idempotency->begin(ctx.idem_key_, a.fingerprint, cls_.long_running ? cls_.hard_timeout : cls_.ttl);
-        if (b.status == guard::BeginStatus::claimed) {
-          owner = b.owner;
-          break;
-        }
-        if (b.status == guard::BeginStatus::completed) {
-          // The effect ran and its key completed, but the completion record
-          // was not written (a crash between the two): record it now.
-          r.result = b.result;
-          record_done(a, run_id, r.result);
-          if (chunk >= 0) ++r.chunks_skipped;
-          emit(a, "skipped", "idempotency_completed", ctx.idem_key_);
-          if (chunk < 0) {
-            r.outcome = Outcome::already_done;
-            r.detail = fmt::format("idempotency key {} completed earlier", ctx.idem_key_);
-            return false;
-          }
-          return true;
-        }
-        if (b.status == guard::BeginStatus::in_progress) {
-          // We hold the unit's lock, so the claim's owner lost its lock or
-          // died; a crashed worker's claim passes about when its lock
-          // expired, i.e. just about now. Waiting for it once (within our own
-          // lock time) beats answering busy: every busy answer costs the job
-          // a delivery, and enough of them dead-letter it.
-          const auto room = ctx.guarded_ ? ctx.safe_time_left() - cls_.effective_min_time_left() : cls_.wait;
-          const auto nap = b.lease_left + milliseconds(20);
-          if (round == 0 && nap <= room) {
-            emit(a, "idempotency_wait", "in_progress",
-                 fmt::format("key {} held by {} for {} ms more", ctx.idem_key_, b.owner, b.lease_left.count()));
-            std::this_thread::sleep_for(nap);
-            if (ctx.guarded_) ctx.ensure();
-            continue;
-          }
-          throw StepVerdict{Outcome::busy,
-                            fmt::format("idempotency key {} is in progress by {} for {} ms more", ctx.idem_key_,
-                                        b.owner, b.lease_left.count()),
-                            {}};
-        }
-        throw StepVerdict{Outcome::failed,
-                          fmt::format("idempotency key {} was used for a different request (fingerprint {})",
-                                      ctx.idem_key_, b.stored_fingerprint),
-                          {}};
-      }
-    } catch (const Error& e) {
-      if (!a.fail_open || !redis_down(e)) throw;
-      idem_ok = false;  // fail-open: the downstream still gets the key
-      emit(a, "idempotency_unavailable", "error", e.what());
-    }
-  }
+  bool idem_ok = false;
+  if (b_.idempotency)
+    if (auto stop_here = co_await claim_idempotency(a, ctx, run_id, chunk, r, owner, idem_ok)) co_return *stop_here;
   std::string result;
+  std::exception_ptr effect_failed;
   try {
-    result = effect(ctx);
+    if (a.body->async) result = co_await a.body->async(ctx);
+    else result = co_await on_blocking(a.body->blocking, [&] { return a.body->sync(ctx); });
   } catch (...) {
+    effect_failed = std::current_exception();
+  }
+  if (effect_failed) {
     // The effect reported that it did not complete: free the key at once so
     // a retry does not wait out the claim. The downstream still sees the
     // same key on the retry, which is what protects a half-done effect.
     if (idem_ok) {
       try {
-        b_.idempotency->abandon(ctx.idem_key_, owner);
+        co_await store_call<bool>(
+            *b_.idempotency, a.body->blocking, cls_.name,
+            [&](auto done) { b_.idempotency->async_abandon(ctx.idem_key_, owner, std::move(done)); },
+            [&] { return b_.idempotency->abandon(ctx.idem_key_, owner); });
       } catch (const Error&) {
       }
     }
-    throw;
+    std::rethrow_exception(effect_failed);
   }
   if (ctx.guarded_ && ctx.safe_time_left().count() <= 0) {
     // The effect finished, but past the time the lock was certainly ours:
@@ -513,9 +661,15 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
          fmt::format("the effect of {} ended after its lock's safe time: another worker may have run it too", run_id));
     if (r.detail.empty()) r.detail = fmt::format("{}: the effect outlived its lock", run_id);
   }
-  if (idem_ok) b_.idempotency->complete(ctx.idem_key_, owner, result);
+  if (idem_ok)
+    co_await store_call<bool>(
+        *b_.idempotency, a.body->blocking, cls_.name, [&](auto done) { b_.idempotency->async_complete(ctx.idem_key_, owner, result, std::move(done)); },
+        [&] {
+          b_.idempotency->complete(ctx.idem_key_, owner, result);
+          return true;
+        });
   try {
-    record_done(a, run_id, result);
+    co_await record_done(a, run_id, result);
   } catch (const Error& e) {
     if (!a.fail_open) {
       throw Error(e.code(), fmt::format("the effect of {} ran but its completion was not recorded: {}", run_id,
@@ -529,7 +683,7 @@ bool GuardedRunner::run_step(Attempt& a, const Effect& effect, int chunk, RunRes
     emit(a, "checkpoint", "ok", fmt::format("chunk {} of {}", chunk, unit.chunks));
   }
   r.result = std::move(result);
-  return true;
+  co_return true;
 }
 
 }  // namespace jobguard::job

@@ -1,5 +1,8 @@
 #include "jobguard/job/stream_source.hpp"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
@@ -9,6 +12,9 @@
 
 namespace jobguard::job {
 
+namespace asio = boost::asio;
+using asio::awaitable;
+using asio::use_awaitable;
 using redis::CallOptions;
 using redis::Command;
 using redis::Reply;
@@ -58,25 +64,39 @@ bool group_vanished(const Error& e) {
 }
 }  // namespace
 
-Reply StreamSource::exec_group(const Command& cmd, std::chrono::milliseconds timeout, bool retry) {
-  try {
-    return client_.exec(cmd, CallOptions{timeout});
-  } catch (const Error& e) {
-    if (!group_vanished(e)) throw;
-    ensure_group();
-    groups_recreated_.fetch_add(1, std::memory_order_relaxed);
-    if (!retry) return Reply::nil_reply();
-    return client_.exec(cmd, CallOptions{timeout});
-  }
+template <class T>
+T StreamSource::block_on(awaitable<T> aw) {
+  if (client_.running_in_loop_thread())
+    throw Error(errc::invalid_argument, "stream source: a blocking call on the event-loop thread (use async_*)");
+  return asio::co_spawn(client_.get_executor(), std::move(aw), asio::use_future).get();
 }
 
-void StreamSource::ensure_group() {
+awaitable<Reply> StreamSource::exec_group(Command cmd, std::chrono::milliseconds timeout, bool retry,
+                                          redis::Client* via) {
+  redis::Client& c = via ? *via : client_;
   try {
-    client_.exec(Command{"XGROUP", "CREATE", opts_.stream, opts_.group, "0", "MKSTREAM"}, CallOptions{opts_.call_timeout});
+    co_return co_await redis::async_exec(c, cmd, use_awaitable, CallOptions{timeout});
+  } catch (const Error& e) {
+    if (!group_vanished(e)) throw;
+  }
+  co_await async_ensure_group();
+  groups_recreated_.fetch_add(1, std::memory_order_relaxed);
+  if (!retry) co_return Reply::nil_reply();
+  co_return co_await redis::async_exec(c, std::move(cmd), use_awaitable, CallOptions{timeout});
+}
+
+awaitable<void> StreamSource::async_ensure_group() {
+  try {
+    // Named, not a braced temporary in the co_await: g++ 12 miscompiles
+    // those ("array used as initializer").
+    Command create{"XGROUP", "CREATE", opts_.stream, opts_.group, "0", "MKSTREAM"};
+    co_await redis::async_exec(client_, std::move(create), use_awaitable, CallOptions{opts_.call_timeout});
   } catch (const Error& e) {
     if (std::string_view(e.what()).find("BUSYGROUP") == std::string_view::npos) throw;
   }
 }
+
+void StreamSource::ensure_group() { block_on(async_ensure_group()); }
 
 std::string StreamSource::add(const std::vector<std::pair<std::string, std::string>>& fields) {
   std::vector<std::string> args{"XADD", opts_.stream, "*"};
@@ -87,7 +107,10 @@ std::string StreamSource::add(const std::vector<std::pair<std::string, std::stri
   return client_.exec(Command(args), CallOptions{opts_.call_timeout}).str;
 }
 
-std::optional<StreamJob> StreamSource::next(std::string_view consumer) {
+awaitable<std::vector<StreamJob>> StreamSource::async_next(std::string consumer, std::size_t max,
+                                                           redis::Client* reader) {
+  std::vector<StreamJob> jobs;
+  if (max == 0) co_return jobs;
   bool scan = false;
   {
     std::lock_guard lk(mu_);
@@ -97,73 +120,100 @@ std::optional<StreamJob> StreamSource::next(std::string_view consumer) {
       scan = true;
     }
   }
-  if (scan)
-    if (auto j = reclaim(consumer)) return j;
-
+  if (scan) {
+    jobs = co_await async_reclaim(consumer, max);
+    if (!jobs.empty()) co_return jobs;
+  }
   // The call's deadline must outlast the server-side BLOCK, or every empty
   // read would end as a client timeout.
   // A vanished group is recreated and this read ends empty (no retry: the
   // caller polls again, and a blocked read must not block twice).
-  Reply r = exec_group(Command{"XREADGROUP", "GROUP", opts_.group, std::string(consumer), "COUNT", "1", "BLOCK",
-                               std::to_string(opts_.block.count()), "STREAMS", opts_.stream, ">"},
-                       opts_.block + opts_.call_timeout, false);
+  Command read{"XREADGROUP", "GROUP", opts_.group, consumer, "COUNT", std::to_string(max),
+               "BLOCK",      std::to_string(opts_.block.count()), "STREAMS", opts_.stream, ">"};
+  Reply r = co_await exec_group(std::move(read), opts_.block + opts_.call_timeout, false, reader);
   // [[stream, [[id, fields]...]]] or nil when BLOCK ran out.
-  if (!r.is_array() || r.elements.empty()) return std::nullopt;
-  const auto& s = r.elements[0];
-  if (!s.is_array() || s.elements.size() < 2 || !s.elements[1].is_array() || s.elements[1].elements.empty())
-    return std::nullopt;
-  return parse_entry(s.elements[1].elements[0]);
+  if (!r.is_array() || r.elements.empty()) co_return jobs;
+  const auto& st = r.elements[0];
+  if (!st.is_array() || st.elements.size() < 2 || !st.elements[1].is_array()) co_return jobs;
+  for (const auto& e : st.elements[1].elements)
+    if (auto j = parse_entry(e)) jobs.push_back(std::move(*j));
+  co_return jobs;
 }
 
-std::optional<StreamJob> StreamSource::reclaim(std::string_view consumer) {
+std::optional<StreamJob> StreamSource::next(std::string_view consumer) {
+  auto jobs = block_on(async_next(std::string(consumer), 1));
+  if (jobs.empty()) return std::nullopt;
+  return std::move(jobs.front());
+}
+
+awaitable<std::vector<StreamJob>> StreamSource::async_reclaim(std::string consumer, std::size_t max) {
   std::string start;
   {
     std::lock_guard lk(mu_);
     start = cursor_;
   }
+  std::vector<StreamJob> jobs;
   for (;;) {
-    Reply r = exec_group(Command{"XAUTOCLAIM", opts_.stream, opts_.group, std::string(consumer),
-                                 std::to_string(opts_.claim_idle.count()), start, "COUNT", "1"},
-                         opts_.call_timeout, false);
+    Command claim{"XAUTOCLAIM", opts_.stream, opts_.group, consumer, std::to_string(opts_.claim_idle.count()),
+                  start,        "COUNT",      std::to_string(max)};
+    Reply r = co_await exec_group(std::move(claim), opts_.call_timeout, false);
     // [next-cursor, [[id, fields]...], [deleted ids]] (Redis 7).
-    if (!r.is_array() || r.elements.size() < 2) return std::nullopt;
+    if (!r.is_array() || r.elements.size() < 2) co_return jobs;
     std::string next_cursor = r.elements[0].str;
     {
       std::lock_guard lk(mu_);
       cursor_ = next_cursor;
     }
-    std::optional<StreamJob> job;
-    if (r.elements[1].is_array() && !r.elements[1].elements.empty()) job = parse_entry(r.elements[1].elements[0]);
-    if (job) {
-      job->reclaimed = true;
-      job->deliveries = deliveries(job->id);
-      // The claim above counted as a delivery: a job that stalled its
-      // consumer max_attempts times is poison, not bad luck.
-      if (job->deliveries > opts_.max_attempts) {
-        dead_letter(*job, "stalled: not acknowledged after " + std::to_string(job->deliveries - 1) + " deliveries",
-                    job->deliveries - 1);
-        start = next_cursor;
-        if (start == "0-0") return std::nullopt;
-        continue;
+    bool dead = false;
+    if (r.elements[1].is_array()) {
+      for (const auto& e : r.elements[1].elements) {
+        auto job = parse_entry(e);
+        if (!job) continue;
+        job->reclaimed = true;
+        job->deliveries = co_await async_deliveries(job->id);
+        // The claim above counted as a delivery: a job that stalled its
+        // consumer max_attempts times is poison, not bad luck.
+        if (job->deliveries > opts_.max_attempts) {
+          const auto n = job->deliveries - 1;
+          co_await dead_letter(std::move(*job),
+                               "stalled: not acknowledged after " + std::to_string(n) + " deliveries", n);
+          dead = true;
+          continue;
+        }
+        jobs.push_back(std::move(*job));
       }
-      return job;
     }
-    return std::nullopt;
+    // Only dead letters in this scan: look further, until the scan wraps.
+    if (!jobs.empty() || !dead) co_return jobs;
+    start = next_cursor;
+    if (start == "0-0") co_return jobs;
   }
 }
 
-bool StreamSource::ack(std::string_view id) {
-  Reply r = exec_group(Command{"XACK", opts_.stream, opts_.group, std::string(id)}, opts_.call_timeout, false);
-  return r.is_integer() && r.integer > 0;
+std::optional<StreamJob> StreamSource::reclaim(std::string_view consumer) {
+  auto jobs = block_on(async_reclaim(std::string(consumer), 1));
+  if (jobs.empty()) return std::nullopt;
+  return std::move(jobs.front());
 }
 
-std::int64_t StreamSource::deliveries(std::string_view id) {
-  Reply r = exec_group(Command{"XPENDING", opts_.stream, opts_.group, std::string(id), std::string(id), "1"},
-                       opts_.call_timeout, false);
-  // [[id, consumer, idle ms, deliveries]]
-  if (!r.is_array() || r.elements.empty() || !r.elements[0].is_array() || r.elements[0].elements.size() < 4) return 0;
-  return r.elements[0].elements[3].integer;
+awaitable<bool> StreamSource::async_ack(std::string id) {
+  Command ack{"XACK", opts_.stream, opts_.group, id};
+  Reply r = co_await exec_group(std::move(ack), opts_.call_timeout, false);
+  co_return r.is_integer() && r.integer > 0;
 }
+
+bool StreamSource::ack(std::string_view id) { return block_on(async_ack(std::string(id))); }
+
+awaitable<std::int64_t> StreamSource::async_deliveries(std::string id) {
+  Command pending{"XPENDING", opts_.stream, opts_.group, id, id, "1"};
+  Reply r = co_await exec_group(std::move(pending), opts_.call_timeout, false);
+  // [[id, consumer, idle ms, deliveries]]
+  if (!r.is_array() || r.elements.empty() || !r.elements[0].is_array() || r.elements[0].elements.size() < 4)
+    co_return 0;
+  co_return r.elements[0].elements[3].integer;
+}
+
+std::int64_t StreamSource::deliveries(std::string_view id) { return block_on(async_deliveries(std::string(id))); }
 
 std::int64_t StreamSource::pending_count() {
   // Inspection: a missing group is reported (NOGROUP), never created here.
@@ -218,24 +268,34 @@ std::vector<DeadLetter> StreamSource::dead_letters(std::size_t max) {
   return out;
 }
 
-bool StreamSource::fail(const StreamJob& job, std::string_view error) {
-  std::int64_t n = deliveries(job.id);
-  if (n < opts_.max_attempts) return false;
-  dead_letter(job, error, n);
-  return true;
+awaitable<bool> StreamSource::async_fail(StreamJob job, std::string error) {
+  const std::int64_t n = co_await async_deliveries(job.id);
+  if (n < opts_.max_attempts) co_return false;
+  co_await dead_letter(std::move(job), std::move(error), n);
+  co_return true;
 }
 
-void StreamSource::dead_letter(const StreamJob& job, std::string_view error, std::int64_t n) {
+bool StreamSource::fail(const StreamJob& job, std::string_view error) {
+  return block_on(async_fail(job, std::string(error)));
+}
+
+awaitable<void> StreamSource::async_dead_letter(StreamJob job, std::string error) {
+  const std::int64_t n = co_await async_deliveries(job.id);
+  co_await dead_letter(std::move(job), std::move(error), n);
+}
+
+awaitable<void> StreamSource::dead_letter(StreamJob job, std::string error, std::int64_t n) {
   std::vector<std::string> args{"XADD", opts_.dead_letter, "*", "source_id", job.id, "attempts", std::to_string(n),
-                                "last_error", std::string(error)};
-  for (const auto& [k, v] : job.fields) {
-    args.push_back(k);
-    args.push_back(v);
+                                "last_error", std::move(error)};
+  for (auto& [k, v] : job.fields) {
+    args.push_back(std::move(k));
+    args.push_back(std::move(v));
   }
   // Dead-letter first, then ack: a crash in between leaves a duplicate in the
   // dead-letter stream, never a job lost from both.
-  client_.exec(Command(args), CallOptions{opts_.call_timeout});
-  ack(job.id);
+  Command add(args);
+  co_await redis::async_exec(client_, std::move(add), use_awaitable, CallOptions{opts_.call_timeout});
+  co_await async_ack(job.id);
 }
 
 }  // namespace jobguard::job

@@ -286,8 +286,9 @@ void Lease::on_lost(std::function<void(LeaseState, const std::string&)> fn) {
   s_->on_lost = std::move(fn);
 }
 
-bool Lease::release() {
-  // The handle stays usable (key(), reason()...) after release.
+// Stops renewing; true when the lease was still active (so the key may be
+// ours to delete). Once per lease: later calls return false.
+bool Lease::stop_for_release() {
   if (!s_ || s_->release_called.exchange(true)) return false;
   auto& s = s_;
   LeaseState expected = LeaseState::active;
@@ -298,19 +299,28 @@ bool Lease::release() {
     s->tl.released();
     impl->unschedule(s);
   });
-  if (!was_active) {
-    s->lock.detach();  // lost: the key is someone else's or gone; never delete it
-    return false;
-  }
-  if (s->sched->service().client().running_in_loop_thread()) {
+  // Lost: the key is someone else's or gone; never delete it.
+  if (!was_active) s->lock.detach();
+  return was_active;
+}
+
+bool Lease::release() {
+  // The handle stays usable (key(), reason()...) after release.
+  if (!stop_for_release()) return false;
+  if (s_->sched->service().client().running_in_loop_thread()) {
     // Cannot block here: release asynchronously (the Lock destructor does).
     return true;
   }
   try {
-    return s->lock.release();
+    return s_->lock.release();
   } catch (const Error&) {
     return false;  // unreachable Redis: the TTL frees the lock
   }
+}
+
+void Lease::async_release(std::function<void(const Error&, bool)> done) {
+  if (!stop_for_release()) return done(Error(), false);
+  s_->lock.async_release(std::move(done));
 }
 
 // --- LeaseScheduler -------------------------------------------------------------

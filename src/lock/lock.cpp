@@ -708,24 +708,31 @@ Lock::~Lock() {
   }
 }
 
-bool Lock::release() {
-  if (!held_) return false;
+void Lock::async_release(std::function<void(const Error&, bool)> done) {
+  if (!held_) return done(Error(), false);
   held_ = false;
-  std::promise<bool> p;
-  auto f = p.get_future();
   metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
   service_->async_release(
       resource_, token_,
-      [&p, m = metrics_, &key = key_](const Error& e, bool ours) {
+      [done = std::move(done), m = metrics_, key = key_](const Error& e, bool ours) {
         if (e) {
           m->redis_errors_total.inc();
-          p.set_exception(std::make_exception_ptr(e.with_context(key)));
-          return;
+          return done(e.with_context(key), false);
         }
         (ours ? m->releases_total : m->released_not_owner_total).inc();
-        p.set_value(ours);
+        done(e, ours);
       },
       fair_);
+}
+
+bool Lock::release() {
+  if (!held_) return false;
+  std::promise<bool> p;
+  auto f = p.get_future();
+  async_release([&p](const Error& e, bool ours) {
+    if (e) p.set_exception(std::make_exception_ptr(e));
+    else p.set_value(ours);
+  });
   return f.get();
 }
 

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,6 +45,20 @@ class CompletionStore {
                                std::string_view completed_by, std::string_view result = {}) = 0;
   virtual std::optional<CompletionRecord> find(std::string_view job_kind, std::string_view entity,
                                                std::string_view run_id) = 0;
+
+  // Non-blocking forms, for a caller on the Redis client's event loop
+  // (GuardedRunner::async_run, job::StreamWorker): `done` runs on that loop.
+  // Only a store whose is_async() is true has them; the others (PostgreSQL:
+  // libpqxx blocks) are called in their blocking form on a thread of the
+  // caller's, never on the loop. The defaults report invalid_argument.
+  // `done` gets the failure (a jobguard::Error) or the value.
+  template <class T>
+  using Done = std::function<void(std::exception_ptr, T)>;
+  virtual bool is_async() const noexcept { return false; }
+  virtual void async_record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                            std::string_view completed_by, std::string_view result, Done<RecordOutcome> done);
+  virtual void async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                          Done<std::optional<CompletionRecord>> done);
 };
 
 // Table jobguard_completions, unique (job_kind, entity, run_id). Kept forever
@@ -83,6 +99,11 @@ class RedisCompletionStore final : public CompletionStore {
                        std::string_view completed_by, std::string_view result = {}) override;
   std::optional<CompletionRecord> find(std::string_view job_kind, std::string_view entity,
                                        std::string_view run_id) override;
+  bool is_async() const noexcept override { return true; }
+  void async_record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                    std::string_view completed_by, std::string_view result, Done<RecordOutcome> done) override;
+  void async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
+                  Done<std::optional<CompletionRecord>> done) override;
   std::string key_for(std::string_view job_kind, std::string_view entity, std::string_view run_id) const;
 
  private:

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +73,18 @@ class IdempotencyStore {
   // Drops our in-progress claim so the next begin() claims at once (the
   // effect did not happen). False when `owner` did not hold it.
   virtual bool abandon(std::string_view key, std::string_view owner) = 0;
+
+  // Non-blocking forms, as CompletionStore's (completion.hpp): `done` runs on
+  // the Redis client's event loop with the failure or the value; only a store
+  // whose is_async() is true has them (the defaults report invalid_argument).
+  template <class T>
+  using Done = std::function<void(std::exception_ptr, T)>;
+  virtual bool is_async() const noexcept { return false; }
+  virtual void async_begin(std::string_view key, std::string_view fingerprint, std::chrono::milliseconds lease,
+                           std::string_view owner, Done<BeginResult> done);
+  virtual void async_complete(std::string_view key, std::string_view owner, std::string_view result,
+                              Done<bool> done);
+  virtual void async_abandon(std::string_view key, std::string_view owner, Done<bool> done);
 };
 
 // Table jobguard_idempotency (run `jobguard pg migrate` first).
@@ -98,6 +112,13 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                     std::string_view owner = {}) override;
   void complete(std::string_view key, std::string_view owner, std::string_view result) override;
   bool abandon(std::string_view key, std::string_view owner) override;
+  bool is_async() const noexcept override { return true; }
+  void async_begin(std::string_view key, std::string_view fingerprint, std::chrono::milliseconds lease,
+                   std::string_view owner, Done<BeginResult> done) override;
+  // `done` gets true; a key no longer ours is the lease_lost failure.
+  void async_complete(std::string_view key, std::string_view owner, std::string_view result,
+                      Done<bool> done) override;
+  void async_abandon(std::string_view key, std::string_view owner, Done<bool> done) override;
 
  private:
   redis::Client& client_;

@@ -3,10 +3,10 @@
 // whatever kills it (SIGKILL included). Use job::Supervisor; this class has no
 // policy (no timeouts, no leases, no signal forwarding of its own).
 //
-// The group: a small guardian, forked from this process before CMD is
-// spawned, leads a new process group and CMD is spawned into it. The guardian
-// holds the read end of a pipe whose only write end is ours; it blocks every
-// catchable signal and reads until EOF. EOF comes when this process exits or
+// The group: a small guardian (/bin/sh running `read _; kill -KILL 0`),
+// spawned before CMD with every signal blocked, leads a new process group and
+// CMD is spawned into it. The guardian holds the read end of a pipe whose
+// only write end is ours and reads until EOF. EOF comes when this process exits or
 // is killed, or when the Process ends; the guardian then SIGKILLs its group
 // (CMD, everything CMD started that stayed in the group, and itself). Because
 // the guardian is a live member of the group until that moment, the group id

@@ -34,10 +34,14 @@
 // See docs/runner.md.
 //
 // Threads: run() may be called from many threads at once (not from the Redis
-// client's event-loop thread: it blocks). The runner keeps one PostgreSQL
+// client's event-loop thread: it blocks). async_run() is a coroutine on that
+// event loop: many runs may be in flight there at once, with no thread each
+// (job::StreamWorker runs jobs that way). The runner keeps one PostgreSQL
 // connection per concurrent high-class run.
 #pragma once
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -60,6 +64,8 @@ class IdempotencyStore;
 }  // namespace guard
 namespace observe {
 class EventLog;
+class Registry;
+struct LockClassMetrics;
 }
 }  // namespace jobguard
 
@@ -81,6 +87,9 @@ struct RunnerBackends {
   observe::EventLog* log = nullptr;
   // Goes into completion records' completed_by. Default "host/pid".
   std::string worker{};
+  // Where the class's numbers are counted. Null (the default): the
+  // process-wide registry that `jobguard serve` and the fleet publisher read.
+  observe::Registry* registry = nullptr;
 };
 
 struct Unit {
@@ -170,6 +179,9 @@ class JobContext {
 // Error(stale_fence) reports `stale`, Error(lease_lost) `lease_lost`; any other
 // exception `failed` with its message. Nothing is recorded for a throwing effect.
 using Effect = std::function<std::string(JobContext&)>;
+// The same as a coroutine on the Redis client's event loop: it must not block
+// (await instead). A supervised process (job::Supervisor) is one.
+using AsyncEffect = std::function<boost::asio::awaitable<std::string>(JobContext&)>;
 
 class GuardedRunner {
  public:
@@ -181,24 +193,45 @@ class GuardedRunner {
   GuardedRunner& operator=(const GuardedRunner&) = delete;
 
   const LockClass& lock_class() const noexcept { return cls_; }
+  // The Redis key of the lock a run of unit `unit_id` takes.
+  std::string lock_key_for(std::string_view unit_id) const;
 
   // Throws Error(invalid_argument) for a unit without id or run_id; every
   // other failure is a RunResult.
   RunResult run(const Unit& unit, const Effect& effect);
 
+  // The same run as a coroutine on the event loop of the LeaseScheduler's
+  // client (co_spawn it there, or co_await it from a coroutine running
+  // there). The blocking parts — a blocking Effect, PostgreSQL statements,
+  // a store without an asynchronous form — run on `blocking` (a thread pool
+  // of the caller's) while the coroutine waits; Redis calls never block.
+  // `blocking` may be empty only when there are none of those (an
+  // AsyncEffect, Redis stores, a class below high); Error(invalid_argument)
+  // otherwise, as for the arguments run() refuses.
+  boost::asio::awaitable<RunResult> async_run(Unit unit, AsyncEffect effect,
+                                              boost::asio::any_io_executor blocking = {});
+  boost::asio::awaitable<RunResult> async_run(Unit unit, Effect effect, boost::asio::any_io_executor blocking);
+
  private:
   struct Attempt;
+  struct Body;
+  void check(const Unit& unit, bool has_effect) const;
+  boost::asio::awaitable<RunResult> run_coro(Unit unit, Body body);
   std::unique_ptr<guard::PgConnection> take_pg();
   void give_pg(std::unique_ptr<guard::PgConnection> c);
-  void run_guarded(Attempt& a, const Effect& effect, RunResult& r);
-  bool run_step(Attempt& a, const Effect& effect, int chunk, RunResult& r);
-  std::optional<std::string> find_done(Attempt& a, const std::string& run_id);
-  void record_done(Attempt& a, const std::string& run_id, const std::string& result);
+  boost::asio::awaitable<void> run_guarded(Attempt& a, RunResult& r);
+  boost::asio::awaitable<bool> run_step(Attempt& a, int chunk, RunResult& r);
+  boost::asio::awaitable<std::optional<bool>> claim_idempotency(Attempt& a, JobContext& ctx, const std::string& run_id, int chunk,
+                                                 RunResult& r, std::string& owner, bool& idem_ok);
+  boost::asio::awaitable<std::optional<std::string>> find_done(Attempt& a, const std::string& run_id);
+  boost::asio::awaitable<void> record_done(Attempt& a, const std::string& run_id, const std::string& result);
+  bool high_step(Attempt& a, JobContext& ctx, const std::string& run_id, int chunk, RunResult& r);
   void emit(const Attempt& a, std::string_view event, std::string_view outcome, std::string_view detail = {});
 
   std::shared_ptr<LeaseScheduler> leases_;
   LockClass cls_;
   RunnerBackends b_;
+  observe::LockClassMetrics* m_ = nullptr;  // b_.registry's (or the global) numbers of cls_
   std::mutex pg_mu_;
   std::vector<std::unique_ptr<guard::PgConnection>> pg_idle_;
 };

@@ -5,11 +5,13 @@
 // failed (or stalled) `max_attempts` times goes to a dead-letter stream with
 // the last error attached, so one poison job cannot loop forever.
 //
-// Threads: every member is safe to call from any thread except the client's
-// event-loop thread (the calls block). The Client must outlive the source.
+// Threads: the blocking members are safe to call from any thread except the
+// client's event-loop thread; the async_ members are coroutines for that
+// event loop (job::StreamWorker uses them). The Client must outlive the source.
 #pragma once
 
 #include <atomic>
+#include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -122,14 +124,37 @@ class StreamSource {
   // The newest `max` dead-letter entries, newest first.
   std::vector<DeadLetter> dead_letters(std::size_t max);
 
+  // --- the same as coroutines on the client's event loop ---------------------
+  // Up to `max` jobs: stalled ones first (when a reclaim scan is due, as in
+  // next()), then new ones with XREADGROUP COUNT max BLOCK `block`, sent on
+  // `reader` when given: a blocked read holds its connection, so a caller
+  // with other commands in flight (renewals, acks) reads on a client of its
+  // own. Empty when nothing came within `block`.
+  boost::asio::awaitable<std::vector<StreamJob>> async_next(std::string consumer, std::size_t max,
+                                                            redis::Client* reader = nullptr);
+  // ensure_group() as a coroutine.
+  boost::asio::awaitable<void> async_ensure_group();
+  boost::asio::awaitable<bool> async_ack(std::string id);
+  boost::asio::awaitable<bool> async_fail(StreamJob job, std::string error);
+  // Moves `job` to the dead-letter stream now, whatever its deliveries (a
+  // job that can never succeed: a malformed unit id).
+  boost::asio::awaitable<void> async_dead_letter(StreamJob job, std::string error);
+
   // How many times a vanished group was recreated (for logs and tests).
   std::uint64_t groups_recreated() const noexcept { return groups_recreated_.load(std::memory_order_relaxed); }
 
  private:
-  // Runs `cmd`; on NOGROUP / UNBLOCKED recreates the group, then retries
-  // once when `retry`, else returns a nil reply.
-  redis::Reply exec_group(const redis::Command& cmd, std::chrono::milliseconds timeout, bool retry);
-  void dead_letter(const StreamJob& job, std::string_view error, std::int64_t deliveries);
+  // Runs `cmd` (on `via`, default the source's client); on NOGROUP /
+  // UNBLOCKED recreates the group, then retries once when `retry`, else
+  // returns a nil reply.
+  boost::asio::awaitable<redis::Reply> exec_group(redis::Command cmd, std::chrono::milliseconds timeout, bool retry,
+                                                  redis::Client* via = nullptr);
+  boost::asio::awaitable<std::vector<StreamJob>> async_reclaim(std::string consumer, std::size_t max);
+  boost::asio::awaitable<std::int64_t> async_deliveries(std::string id);
+  boost::asio::awaitable<void> dead_letter(StreamJob job, std::string error, std::int64_t deliveries);
+  // Runs a coroutine on the client's loop and waits for it (not from the loop).
+  template <class T>
+  T block_on(boost::asio::awaitable<T> aw);
   redis::Client& client_;
   StreamOptions opts_;
   std::mutex mu_;

@@ -366,3 +366,49 @@ TEST_F(JobsCli, SigtermStopsTheWorkerAndItsCmdAndLeavesTheJobPending) {
 
 }  // namespace
 }  // namespace jobguard::test
+
+namespace jobguard::test {
+namespace {
+
+// --concurrency N: N CMDs at once from one worker process, each job's CMD once.
+TEST_F(JobsCli, ConcurrentWorkerRunsCmdsAtOnceAndEachJobOnce) {
+  const auto out = file("out"), running = file("running");
+  constexpr int kJobs = 12;
+  for (int i = 0; i < kJobs; ++i) add({"id=" + std::to_string(i % 6), "run=r" + std::to_string(i / 6)});
+  // Each CMD notes its start in `running`, waits until four have started
+  // (giving up after 1,000 looks), then appends its unit and how many had
+  // started: with four slots, the first four saw each other.
+  const Args cmd{"sh", "-c",
+                 "echo x >> \"$1\"; i=0; while [ $(wc -l < \"$1\") -lt 4 ] && [ $i -lt 1000 ]; do sleep 0.01; "
+                 "i=$((i+1)); done; echo \"$JOBGUARD_FIELD_ID/$JOBGUARD_FIELD_RUN $(wc -l < \"$1\")\" >> \"$0\"",
+                 out, running};
+  const auto r = jobs("work", work_args({"--concurrency", "4", "--max-jobs", std::to_string(kJobs)}, cmd), {"--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<std::string> done;
+  int saw_four = 0;
+  for (const auto& l : lines(out)) {
+    const auto sp = l.find(' ');
+    done.push_back(l.substr(0, sp));
+    if (std::stoi(l.substr(sp + 1)) >= 4) ++saw_four;
+  }
+  std::sort(done.begin(), done.end());
+  std::vector<std::string> want;
+  for (int i = 0; i < kJobs; ++i) want.push_back(std::to_string(i % 6) + "/r" + std::to_string(i / 6));
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(done, want) << "each job's CMD exactly once";
+  const auto summary = json::parse(r.out);
+  EXPECT_EQ(summary.at("completed"), kJobs);
+  // One at a time, the first three CMDs would have given up waiting alone.
+  EXPECT_EQ(saw_four, kJobs) << "the CMDs did not run four at once";
+  EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending"), 0);
+}
+
+TEST_F(JobsCli, WorkWithoutDashesBeforeCmdIsAUsageError) {
+  const auto r = jobs("work", {"--stream", stream_, "--class", "t", "true"});
+  EXPECT_EQ(r.status, 64) << r.err;
+  EXPECT_NE(r.err.find("`--`"), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+}  // namespace
+}  // namespace jobguard::test

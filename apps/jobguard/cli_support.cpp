@@ -1,0 +1,48 @@
+// Helpers more than one subcommand needs (cli.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "cli.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::cli {
+
+std::optional<std::vector<std::string>> cmd_after_dashes(std::initializer_list<std::string_view> path) {
+  const auto& argv = raw_args();
+  auto at = argv.begin();
+  for (auto word : path) {
+    at = std::find(at, argv.end(), word);
+    if (at == argv.end()) return std::nullopt;
+  }
+  auto dashes = std::find(at, argv.end(), "--");
+  if (dashes == argv.end()) return std::nullopt;
+  return std::vector<std::string>(dashes + 1, argv.end());
+}
+
+std::unique_ptr<redis::Client> connect_redis(const Globals& g, const char* client_name) {
+  auto conn = redis::parse_url(g.redis_url);
+  if (conn.client_name.empty()) conn.client_name = client_name;
+  auto client = std::make_unique<redis::Client>(conn);
+  try {
+    client->exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
+  } catch (const Error& e) {
+    throw Error(errc::redis_unavailable,
+                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
+  }
+  return client;
+}
+
+Action reported(std::string name, Action body) {
+  return [name = std::move(name), body = std::move(body)]() -> int {
+    try {
+      return body();
+    } catch (const Error& e) {
+      std::cerr << "jobguard " << name << ": " << e.what() << "\n";
+      return exit_status_for(e);
+    }
+  };
+}
+
+}  // namespace jobguard::cli

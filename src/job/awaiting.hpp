@@ -1,0 +1,80 @@
+// Private to src/job: awaiting the library's callback-style operations from a
+// coroutine, and running a blocking call (a PostgreSQL statement, a blocking
+// effect) on another executor while the coroutine waits.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace jobguard::job::detail {
+
+template <class T>
+using Done = std::function<void(std::exception_ptr, T)>;
+
+// `start(done)` begins the operation; `done(error, value)` may run on any
+// thread, and the coroutine resumes on its own executor. A completion that
+// comes while `start` is still running is posted, not run inline: resuming a
+// coroutine inside its own co_await is not allowed.
+template <class T, class Start>
+boost::asio::awaitable<T> await_done(Start start) {
+  namespace asio = boost::asio;
+  return asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr, T)>(
+      [start = std::move(start)](auto handler) mutable {
+        auto ex = asio::get_associated_executor(handler);
+        using H = decltype(handler);
+        struct Shared {
+          explicit Shared(H&& handler_in) : h(std::move(handler_in)) {}
+          H h;
+          std::atomic<bool> starting{true};
+        };
+        auto sh = std::make_shared<Shared>(std::move(handler));
+        start(Done<T>([sh, ex](std::exception_ptr e, T v) mutable {
+          auto resume = [sh, e, v = std::move(v)]() mutable { std::move(sh->h)(e, std::move(v)); };
+          if (sh->starting.load(std::memory_order_acquire)) asio::post(ex, std::move(resume));
+          else asio::dispatch(ex, std::move(resume));
+        }));
+        sh->starting.store(false, std::memory_order_release);
+      },
+      asio::use_awaitable);
+}
+
+// Runs `f` on `blocking` (a thread pool, or the thread of a blocking caller)
+// while the coroutine waits; its value or exception comes back. `f` may refer
+// to the coroutine's locals: they live until it resumes.
+template <class F>
+boost::asio::awaitable<std::invoke_result_t<F&>> on_blocking(boost::asio::any_io_executor blocking, F f) {
+  using R = std::invoke_result_t<F&>;
+  using V = std::conditional_t<std::is_void_v<R>, bool, R>;
+  auto fn = std::make_shared<F>(std::move(f));
+  auto run = [blocking, fn](Done<V> done) {
+    boost::asio::post(blocking, [fn, done = std::move(done)] {
+      try {
+        if constexpr (std::is_void_v<R>) {
+          (*fn)();
+          done(nullptr, true);
+        } else {
+          done(nullptr, (*fn)());
+        }
+      } catch (...) {
+        done(std::current_exception(), V{});
+      }
+    });
+  };
+  if constexpr (std::is_void_v<R>) {
+    co_await await_done<V>(std::move(run));
+  } else {
+    co_return co_await await_done<V>(std::move(run));
+  }
+}
+
+}  // namespace jobguard::job::detail

@@ -1,0 +1,462 @@
+#include "jobguard/job/worker.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <cctype>
+#include <mutex>
+#include <optional>
+
+#include "job/awaiting.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/job/supervisor.hpp"
+#include "jobguard/observe/event_log.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::job {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using asio::use_awaitable;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string_view to_string(Action a) noexcept {
+  switch (a) {
+    case Action::ack: return "ack";
+    case Action::fail: return "fail";
+    case Action::leave_pending: return "leave_pending";
+    case Action::retry_later: return "retry_later";
+    case Action::dead_letter: return "dead_letter";
+  }
+  return "?";
+}
+
+Decision decide(const RunResult& r, bool left_pending) {
+  if (left_pending) return {Action::leave_pending, r.detail};
+  switch (r.outcome) {
+    case Outcome::completed:
+    case Outcome::already_done:
+      return {Action::ack, r.outcome == Outcome::already_done ? r.detail : std::string()};
+    case Outcome::failed:
+      // The effect threw, or its records could not be written: an attempt
+      // that counts toward max_attempts.
+      return {Action::fail, r.detail};
+    case Outcome::busy:
+    case Outcome::lease_lost:
+    case Outcome::timed_out:
+    case Outcome::stale:
+      // Nothing was recorded; a later delivery (here or elsewhere) finishes it.
+      return {Action::leave_pending, r.detail};
+    case Outcome::redis_unavailable:
+    case Outcome::postgres_unavailable:
+      // The job is fine, a backend is not: taking the next job at once would
+      // only meet the same wall.
+      return {Action::retry_later, r.detail};
+  }
+  return {Action::fail, r.detail};
+}
+
+std::string field_env_name(std::string_view field) {
+  std::string s = "JOBGUARD_FIELD_";
+  for (unsigned char c : field) s += std::isalnum(c) && c < 0x80 ? static_cast<char>(std::toupper(c)) : '_';
+  return s;
+}
+
+// --- run_command ------------------------------------------------------------------
+
+namespace {
+
+awaitable<std::string> supervise(const CommandOptions& o, WorkItem& item) {
+  JobContext& ctx = item.context();
+  ctx.ensure();
+  if (item.shutdown().stop_requested()) {
+    item.leave_pending("worker stopping: CMD not started");
+    throw std::runtime_error("worker stopping: CMD not started");
+  }
+  const StreamJob& job = item.job();
+  SupervisorOptions so;
+  so.argv = o.argv;
+  so.grace = o.grace;
+  so.env = {{"JOBGUARD_JOB_ID", job.id},
+            {"JOBGUARD_KEY", ctx.lock_key()},
+            {"JOBGUARD_IDEMPOTENCY_KEY", ctx.idempotency_key()}};
+  if (ctx.fence()) so.env.emplace_back("JOBGUARD_FENCE", std::to_string(*ctx.fence()));
+  for (const auto& [k, v] : job.fields) so.env.emplace_back(field_env_name(k), v);
+  const bool renewed = ctx.lock_class().long_running;
+  // A plain lock is not renewed: CMD past the lock's safe time would run
+  // beside the next holder, so it is stopped there like on a lost lease.
+  if (ctx.guarded() && !renewed) so.safe_time = std::max(milliseconds(1), ctx.safe_time_left());
+
+  auto ex = co_await asio::this_coro::executor;
+  // Shared with the stop callbacks, which may run on any thread and reach
+  // the Supervisor only through a post to its executor.
+  auto sup = std::make_shared<std::optional<Supervisor>>();
+  bool interrupted = false;
+  std::optional<std::stop_callback<std::function<void()>>> on_lost, on_shutdown, on_hard;
+  const CmdOutcome out = co_await detail::await_done<CmdOutcome>([&](detail::Done<CmdOutcome> done) {
+    sup->emplace(ex, std::move(so), [done](const CmdOutcome& c) { done(nullptr, c); });
+    auto on_loop = [ex, weak = std::weak_ptr(sup)](auto act) {
+      return std::function<void()>([ex, weak, act] {
+        asio::post(ex, [weak, act] {
+          if (auto s = weak.lock(); s && s->has_value() && !(*s)->done()) act(**s);
+        });
+      });
+    };
+    on_lost.emplace(ctx.stop_token(), std::function<void()>([stop = (*sup)->remote_stop()] {
+                      stop(Ending::lease_lost, "lease lost or hard timeout");
+                    }));
+    on_shutdown.emplace(item.shutdown(), on_loop([&interrupted](Supervisor& s) {
+                          interrupted = true;
+                          s.forward(SIGTERM);
+                        }));
+    on_hard.emplace(item.hard_shutdown(), on_loop([](Supervisor& s) { s.kill(); }));
+  });
+  on_lost.reset();
+  on_shutdown.reset();
+  on_hard.reset();
+  if (out.ending == Ending::failed_to_start) throw std::runtime_error(fmt::format("cannot run CMD: {}", out.detail));
+  const bool stopped_by_runner = out.ending == Ending::lease_lost;
+  if (out.status.shell_status() == 0 && !stopped_by_runner) co_return std::string();
+  const std::string how = out.ending == Ending::stopped ? out.describe() : out.status.describe();
+  if (interrupted) {
+    // Our own shutdown stopped CMD: not the job's fault.
+    item.leave_pending(fmt::format("interrupted by the worker's shutdown: {}", how));
+    throw std::runtime_error(how);
+  }
+  if (stopped_by_runner)
+    throw Error(errc::lease_lost, fmt::format("CMD stopped: {}; {}",
+                                              renewed ? "lease lost or hard timeout" : "the lock's TTL ran out", how));
+  throw std::runtime_error(how);
+}
+
+}  // namespace
+
+AsyncJobEffect run_command(CommandOptions options) {
+  if (options.argv.empty()) throw Error(errc::invalid_argument, "run_command: empty argv");
+  auto o = std::make_shared<const CommandOptions>(std::move(options));
+  return [o](WorkItem& item) { return supervise(*o, item); };
+}
+
+// --- StreamWorker -----------------------------------------------------------------
+
+namespace {
+
+std::string default_consumer() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "%s", "host");
+  return fmt::format("{}-{}", host, ::getpid());
+}
+
+}  // namespace
+
+struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
+  Impl(redis::Client& c, StreamOptions so, GuardedRunner& r, AsyncJobEffect ae, JobEffect se, WorkerOptions wo)
+      : client(c),
+        source(c, std::move(so)),
+        runner(r),
+        async_effect(std::move(ae)),
+        sync_effect(std::move(se)),
+        o(std::move(wo)),
+        wake(c.get_executor()),
+        pause(c.get_executor()) {
+    if (!async_effect && !sync_effect) throw Error(errc::invalid_argument, "stream worker: empty effect");
+    if (o.concurrency < 1 || o.concurrency > 4096)
+      throw Error(errc::invalid_argument,
+                  fmt::format("stream worker: concurrency {} outside [1, 4096]", o.concurrency));
+    if (o.id_field.empty()) throw Error(errc::invalid_argument, "stream worker: empty id_field");
+    if (o.max_jobs < 0) throw Error(errc::invalid_argument, "stream worker: max_jobs must be >= 0");
+    if (o.retry_backoff.count() <= 0 || o.retry_backoff_max < o.retry_backoff)
+      throw Error(errc::invalid_argument, "stream worker: retry_backoff must be > 0 and <= retry_backoff_max");
+    if (o.blocking_threads < 0) throw Error(errc::invalid_argument, "stream worker: blocking_threads must be >= 0");
+    if (o.consumer.empty()) o.consumer = default_consumer();
+    const int threads = o.blocking_threads > 0 ? o.blocking_threads : sync_effect ? o.concurrency : 1;
+    pool = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(threads));
+    // Blocked reads hold a connection: they get one of their own.
+    auto ro = client.options();
+    ro.client_name = (ro.client_name.empty() ? std::string("jobguard") : ro.client_name) + "-reader";
+    reader = std::make_unique<redis::Client>(ro);
+  }
+
+  redis::Client& client;
+  std::unique_ptr<redis::Client> reader;
+  StreamSource source;
+  GuardedRunner& runner;
+  AsyncJobEffect async_effect;
+  JobEffect sync_effect;
+  WorkerOptions o;
+  std::unique_ptr<asio::thread_pool> pool;
+
+  std::stop_source soft, hard;
+  std::atomic<int> stops{0};
+
+  // Event-loop state.
+  asio::steady_timer wake;   // the reader waits on it for a free slot; a job's end cancels it
+  asio::steady_timer pause;  // retry_later's backoff; stop() cancels it
+  int in_flight = 0;
+  milliseconds backoff{0};
+  Clock::time_point last_activity{};
+
+  mutable std::mutex mu;  // stats, read from any thread
+  WorkerStats st;
+
+  void request_stop() {
+    const int n = stops.fetch_add(1) + 1;
+    soft.request_stop();
+    if (n >= 2) hard.request_stop();
+    asio::post(client.get_executor(), [self = shared_from_this()] {
+      self->wake.cancel();
+      self->pause.cancel();
+    });
+  }
+
+  std::int64_t finished() const {
+    std::lock_guard lk(mu);
+    return st.finished();
+  }
+
+  bool limit_reached() const { return o.max_jobs > 0 && finished() >= o.max_jobs; }
+
+  awaitable<void> wait_on(asio::steady_timer& t, Clock::time_point until) {
+    t.expires_at(until);
+    co_await t.async_wait(asio::as_tuple(use_awaitable));
+  }
+
+  awaitable<void> run() {
+    auto ex = co_await asio::this_coro::executor;
+    last_activity = Clock::now();
+    milliseconds read_backoff{0};
+    while (!soft.stop_requested() && !limit_reached()) {
+      // Never start more jobs than max_jobs could still need.
+      int free = o.concurrency - in_flight;
+      if (o.max_jobs > 0) free = static_cast<int>(std::min<std::int64_t>(free, o.max_jobs - finished() - in_flight));
+      if (free <= 0) {
+        co_await wait_on(wake, Clock::time_point::max());
+        continue;
+      }
+      if (backoff.count() > 0) {
+        co_await wait_on(pause, Clock::now() + backoff);
+        if (soft.stop_requested()) break;
+      }
+      std::vector<StreamJob> jobs;
+      bool read_failed = false;
+      try {
+        jobs = co_await source.async_next(o.consumer, static_cast<std::size_t>(free), reader.get());
+        read_backoff = milliseconds(0);
+      } catch (const Error& e) {
+        // What retrying cannot mend (WRONGTYPE, NOPERM...) ends the worker;
+        // a Redis that is down or restarting is waited out.
+        if (e.next() != next_step::retry_call) throw;
+        read_failed = true;
+        {
+          std::lock_guard lk(mu);
+          ++st.read_errors;
+        }
+        if (o.log)
+          o.log->emit(observe::Event{.event = "error",
+                                     .lock_class = runner.lock_class().name,
+                                     .outcome = "redis_unavailable",
+                                     .extra = {{"message", std::string(e.what())}}});
+      }
+      if (read_failed) {
+        read_backoff = std::clamp(read_backoff * 2, o.retry_backoff, o.retry_backoff_max);
+        co_await wait_on(pause, Clock::now() + read_backoff);
+        continue;
+      }
+      if (jobs.empty()) {
+        if (o.exit_when_idle.count() > 0 && in_flight == 0 && Clock::now() - last_activity >= o.exit_when_idle) break;
+        continue;
+      }
+      last_activity = Clock::now();
+      for (auto& j : jobs) {
+        ++in_flight;
+        asio::co_spawn(ex, handle(std::move(j)), asio::detached);
+      }
+    }
+    // Jobs in flight finish (or see the shutdown) before the worker returns.
+    while (in_flight > 0) co_await wait_on(wake, Clock::time_point::max());
+  }
+
+  awaitable<void> handle(StreamJob job) {
+    const auto t0 = Clock::now();
+    Unit unit;
+    RunResult r;
+    Decision d;
+    std::string lock_key;
+    bool has_unit = false;
+    WorkItem item(job, soft.get_token(), hard.get_token());
+    {
+      std::lock_guard lk(mu);
+      ++st.jobs;
+    }
+    const bool has_id =
+        std::any_of(job.fields.begin(), job.fields.end(), [&](const auto& f) { return f.first == o.id_field; });
+    unit.id = job.field(o.id_field);
+    unit.run_id = job.field(o.run_field);
+    if (unit.run_id.empty()) unit.run_id = job.id;
+    unit.job_id = job.id;
+    if (!has_id || unit.id.empty()) {
+      d = {Action::dead_letter, has_id ? fmt::format("job field \"{}\" is empty", o.id_field)
+                                       : fmt::format("job has no field \"{}\"", o.id_field)};
+    } else {
+      try {
+        // The effects are named, not temporaries in the co_await: g++ 12
+        // destroys such temporaries twice.
+        if (async_effect) {
+          AsyncEffect effect = [&](JobContext& ctx) {
+            item.ctx_ = &ctx;
+            lock_key = ctx.lock_key();
+            return async_effect(item);
+          };
+          r = co_await runner.async_run(unit, std::move(effect), pool->get_executor());
+        } else {
+          Effect effect = [&](JobContext& ctx) {
+            item.ctx_ = &ctx;
+            lock_key = ctx.lock_key();
+            return sync_effect(item);
+          };
+          r = co_await runner.async_run(unit, std::move(effect), pool->get_executor());
+        }
+        has_unit = true;
+        item.ctx_ = nullptr;
+        d = decide(r, item.left_pending());
+        if (item.left_pending()) d.reason = item.left_pending_reason();
+      } catch (const Error& e) {
+        // A unit the runner refuses (an id the key pattern cannot take):
+        // no delivery can succeed as it is.
+        d = {Action::dead_letter, e.what()};
+      }
+    }
+    if (has_unit && lock_key.empty() && !r.fail_open) lock_key = runner.lock_key_for(unit.id);
+
+    std::string applied, action_error;
+    bool dead = false;
+    try {
+      switch (d.action) {
+        case Action::ack:
+          co_await source.async_ack(job.id);
+          applied = "acked";
+          break;
+        case Action::fail:
+          dead = co_await source.async_fail(job, d.reason);
+          applied = dead ? "dead_lettered" : "left_pending";
+          break;
+        case Action::dead_letter:
+          co_await source.async_dead_letter(job, d.reason);
+          dead = true;
+          applied = "dead_lettered";
+          break;
+        case Action::leave_pending:
+        case Action::retry_later:
+          applied = "left_pending";
+          break;
+      }
+    } catch (const std::exception& e) {
+      // Redis went away between the run and its action: the job stays
+      // pending and comes back (its completion record makes that a skip).
+      action_error = e.what();
+      applied = "left_pending";
+      dead = false;
+    }
+    if (d.action == Action::retry_later) backoff = std::clamp(backoff * 2, o.retry_backoff, o.retry_backoff_max);
+    else if (action_error.empty()) backoff = milliseconds(0);
+
+    const bool ran = has_unit;
+    {
+      std::lock_guard lk(mu);
+      if (!action_error.empty() || d.action == Action::leave_pending || d.action == Action::retry_later) {
+        ++st.left_pending;
+      } else if (d.action == Action::ack) {
+        ++(r.outcome == Outcome::already_done ? st.skipped : st.completed);
+      } else {
+        ++st.failed;
+        if (dead) ++st.dead_lettered;
+      }
+    }
+    const auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
+    if (o.log) {
+      std::string_view outcome;
+      if (!action_error.empty()) outcome = "action_failed";
+      else if (d.action == Action::ack) outcome = r.outcome == Outcome::already_done ? "skipped" : "completed";
+      else if (d.action == Action::fail || d.action == Action::dead_letter) outcome = dead ? "dead_lettered" : "failed";
+      else if (item.left_pending()) outcome = "interrupted";
+      else outcome = to_string(r.outcome);
+      std::vector<std::pair<std::string, observe::FieldValue>> extra{
+          {"unit", unit.id}, {"run_id", unit.run_id}, {"deliveries", job.deliveries}};
+      if (job.reclaimed) extra.emplace_back("reclaimed", true);
+      if (ran && r.fail_open) extra.emplace_back("fail_open", true);
+      if (ran && r.fence) extra.emplace_back("fence", *r.fence);
+      extra.emplace_back("action", applied);
+      const std::string& msg = action_error.empty() ? d.reason : action_error;
+      if (!msg.empty()) extra.emplace_back("message", msg);
+      o.log->emit(observe::Event{.event = "job",
+                                 .lock_key = lock_key,
+                                 .job_id = job.id,
+                                 .lock_class = runner.lock_class().name,
+                                 .outcome = outcome,
+                                 .elapsed_ms = std::chrono::duration<double, std::milli>(elapsed).count(),
+                                 .extra = std::move(extra)});
+    }
+    if (o.on_job) {
+      try {
+        o.on_job(JobReport{&job, ran ? &unit : nullptr, ran ? &r : nullptr, d, dead, action_error, elapsed});
+      } catch (...) {
+        // A caller's bookkeeping must not take the worker down.
+      }
+    }
+    --in_flight;
+    last_activity = Clock::now();
+    wake.cancel();
+  }
+};
+
+StreamWorker::StreamWorker(redis::Client& client, StreamOptions stream, GuardedRunner& runner, AsyncJobEffect effect,
+                           WorkerOptions options)
+    : impl_(std::make_shared<Impl>(client, std::move(stream), runner, std::move(effect), JobEffect{},
+                                   std::move(options))) {}
+
+StreamWorker::StreamWorker(redis::Client& client, StreamOptions stream, GuardedRunner& runner, JobEffect effect,
+                           WorkerOptions options)
+    : impl_(std::make_shared<Impl>(client, std::move(stream), runner, AsyncJobEffect{}, std::move(effect),
+                                   std::move(options))) {}
+
+StreamWorker::~StreamWorker() {
+  // Blocking effects finish before the pool's threads are joined.
+  impl_->pool->join();
+}
+
+void StreamWorker::run() {
+  if (impl_->client.running_in_loop_thread())
+    throw Error(errc::invalid_argument, "stream worker: run() blocks; on the event loop use async_run");
+  asio::co_spawn(impl_->client.get_executor(), async_run(), asio::use_future).get();
+}
+
+awaitable<void> StreamWorker::async_run() {
+  auto self = impl_;  // the coroutine keeps the state alive
+  co_await self->source.async_ensure_group();
+  co_await self->run();
+}
+
+void StreamWorker::stop() { impl_->request_stop(); }
+bool StreamWorker::stopping() const noexcept { return impl_->soft.stop_requested(); }
+
+WorkerStats StreamWorker::stats() const {
+  std::lock_guard lk(impl_->mu);
+  return impl_->st;
+}
+
+const std::string& StreamWorker::consumer() const noexcept { return impl_->o.consumer; }
+StreamSource& StreamWorker::source() noexcept { return impl_->source; }
+
+}  // namespace jobguard::job

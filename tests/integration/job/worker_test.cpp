@@ -1,0 +1,268 @@
+// job::StreamWorker against a real redis-server: many jobs in flight on one
+// event loop, each unit's effect done once, a slow job holding only its own
+// slot, blocking effects on the worker's threads, and the action table
+// carried out on the stream (ack, dead letter, left pending). In the
+// ThreadSanitizer run: jobs, the reader, the pool and stop() cross threads.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "jobguard/guard/completion.hpp"
+#include "jobguard/guard/idempotency.hpp"
+#include "jobguard/job/runner.hpp"
+#include "jobguard/job/worker.hpp"
+#include "jobguard/lease.hpp"
+#include "jobguard/lock.hpp"
+#include "support/redis_fixture.hpp"
+
+using namespace std::chrono_literals;
+using namespace jobguard;
+namespace asio = boost::asio;
+
+namespace {
+
+asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor, d);
+  co_await t.async_wait(asio::use_awaitable);
+}
+
+class StreamWorkerTest : public test::RedisTest {
+ protected:
+  void SetUp() override {
+    RedisTest::SetUp();
+    client = make_client();
+    leases = LeaseScheduler::create(LockService::create(*client, KeyBuilder(key("lk"))));
+    done.emplace(*client, guard::RedisCompletionOptions{.prefix = key("done:")});
+    idem.emplace(*client, guard::IdempotencyOptions{.prefix = key("idem:")});
+    stream.stream = key("jobs");
+    stream.claim_idle = 500ms;
+    stream.max_attempts = 2;
+    stream.block = 50ms;
+  }
+  job::LockClass cls(std::string name, bool long_running = false) const {
+    return job::LockClass{.name = std::move(name),
+                          .key_pattern = "unit:{id}",
+                          .consequence = job::Consequence::moderate,
+                          .ttl = long_running ? 300ms : 5s,
+                          .long_running = long_running,
+                          .hard_timeout = long_running ? 30s : 0s,
+                          .owner = "tests",
+                          .protects = "a counter per unit"};
+  }
+  job::RunnerBackends backends() { return {.completions = &*done, .idempotency = &*idem}; }
+  void add(job::StreamSource& s, const std::string& id, const std::string& run = "r") {
+    s.add({{"id", id}, {"run", run}});
+  }
+
+  std::unique_ptr<redis::Client> client;
+  std::shared_ptr<LeaseScheduler> leases;
+  std::optional<guard::RedisCompletionStore> done;
+  std::optional<guard::RedisIdempotencyStore> idem;
+  job::StreamOptions stream;
+};
+
+TEST_F(StreamWorkerTest, ManyJobsInFlightOnOneLoopRunEachUnitsEffectOnce) {
+  job::GuardedRunner runner(leases, cls("w-conc"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  constexpr int kUnits = 60, kCopies = 3;  // every unit delivered three times
+  for (int c = 0; c < kCopies; ++c)
+    for (int u = 0; u < kUnits; ++u) add(producer, std::to_string(u));
+
+  std::mutex mu;
+  std::map<std::string, int> runs;
+  std::set<std::thread::id> threads;
+  int inside = 0, most_inside = 0;
+  job::AsyncJobEffect effect = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    const std::string id = item.context().unit().id;
+    {
+      std::lock_guard lk(mu);
+      ++runs[id];
+      threads.insert(std::this_thread::get_id());
+      most_inside = std::max(most_inside, ++inside);
+    }
+    co_await sleep_for(5ms);
+    {
+      std::lock_guard lk(mu);
+      --inside;
+    }
+    co_return "ok-" + id;
+  };
+  job::StreamWorker worker(*client, stream, runner, effect,
+                           {.concurrency = 32, .max_jobs = kUnits * kCopies, .exit_when_idle = 3s});
+  worker.run();
+
+  const auto st = worker.stats();
+  EXPECT_EQ(st.finished(), kUnits * kCopies);
+  EXPECT_EQ(st.completed + st.skipped, kUnits * kCopies);
+  EXPECT_EQ(st.completed, kUnits);  // the copies found the completion record
+  EXPECT_EQ(st.dead_lettered, 0);
+  std::lock_guard lk(mu);
+  ASSERT_EQ(runs.size(), static_cast<std::size_t>(kUnits));
+  for (const auto& [id, n] : runs) EXPECT_EQ(n, 1) << "unit " << id;
+  EXPECT_GT(most_inside, 1) << "jobs ran one at a time";
+  EXPECT_EQ(threads.size(), 1u) << "async effects run on the one event loop";
+  EXPECT_EQ(producer.pending_count(), 0);
+}
+
+TEST_F(StreamWorkerTest, ASlowJobHoldsOnlyItsSlotAndItsLeaseIsRenewed) {
+  job::GuardedRunner runner(leases, cls("w-slow", /*long_running=*/true), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  add(producer, "slow");
+  constexpr int kQuick = 40;
+  for (int u = 0; u < kQuick; ++u) add(producer, "q" + std::to_string(u));
+
+  std::atomic<int> quick_done{0};
+  std::atomic<int> quick_done_when_slow_ended{-1};
+  std::atomic<std::uint64_t> slow_renewals{0};
+  job::AsyncJobEffect effect = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    if (item.context().unit().id == "slow") {
+      // Several TTLs (300 ms): only renewals on the shared loop keep it.
+      co_await sleep_for(1500ms);
+      item.context().ensure();
+      quick_done_when_slow_ended = quick_done.load();
+      co_return "slow";
+    }
+    co_await sleep_for(2ms);
+    ++quick_done;
+    co_return "quick";
+  };
+  job::StreamWorker worker(*client, stream, runner, effect,
+                           {.concurrency = 4, .max_jobs = kQuick + 1, .exit_when_idle = 5s});
+  worker.run();
+  slow_renewals = leases->stats().renewals_sent;
+  const auto st = worker.stats();
+  EXPECT_EQ(st.completed, kQuick + 1) << "left pending: " << st.left_pending << ", failed: " << st.failed;
+  EXPECT_EQ(quick_done_when_slow_ended.load(), kQuick) << "quick jobs waited for the slow one";
+  EXPECT_GE(slow_renewals.load(), 3u);
+  EXPECT_EQ(leases->stats().lost, 0u);
+}
+
+TEST_F(StreamWorkerTest, BlockingEffectsRunOnTheWorkersThreadsNotTheLoop) {
+  job::GuardedRunner runner(leases, cls("w-blocking"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  for (int u = 0; u < 12; ++u) add(producer, std::to_string(u));
+  std::atomic<int> inside{0}, most_inside{0}, on_loop{0};
+  job::JobEffect effect = [&](job::WorkItem& item) {
+    if (client->running_in_loop_thread()) ++on_loop;
+    const int now = ++inside;
+    for (int m = most_inside.load(); now > m && !most_inside.compare_exchange_weak(m, now);) {
+    }
+    std::this_thread::sleep_for(30ms);  // blocks its pool thread only
+    --inside;
+    return item.job().id;
+  };
+  job::StreamWorker worker(*client, stream, runner, effect, {.concurrency = 4, .max_jobs = 12, .exit_when_idle = 3s});
+  worker.run();
+  EXPECT_EQ(worker.stats().completed, 12);
+  EXPECT_EQ(on_loop.load(), 0);
+  EXPECT_GT(most_inside.load(), 1);
+  EXPECT_LE(most_inside.load(), 4);
+}
+
+TEST_F(StreamWorkerTest, OutcomesBecomeActionsOnTheStream) {
+  job::GuardedRunner runner(leases, cls("w-actions"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  add(producer, "ok");
+  add(producer, "fails");
+  producer.add({{"name", "no id here"}});
+  add(producer, "crashes");
+  std::atomic<int> crashes{0};
+  job::AsyncJobEffect effect = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    const auto& id = item.context().unit().id;
+    if (id == "fails") throw std::runtime_error("exit status 3");
+    if (id == "crashes" && crashes++ == 0) {
+      // As a worker that died mid-effect: no ack, no failed attempt.
+      item.leave_pending("worker killed");
+      throw std::runtime_error("killed");
+    }
+    co_return "fine";
+  };
+  std::mutex mu;
+  std::map<std::string, std::vector<job::Action>> actions;
+  std::map<std::string, bool> dead;
+  // "fails" and "crashes" come back after claim_idle (500 ms): "fails" is
+  // dead-lettered at its second delivery (max_attempts 2), "crashes" then
+  // completes; the job without an id is dead-lettered at once.
+  job::WorkerOptions wo{.concurrency = 2, .max_jobs = 4, .exit_when_idle = 5s};
+  wo.on_job = [&](const job::JobReport& r) {
+    std::lock_guard lk(mu);
+    const std::string id = r.unit ? r.unit->id : "(none)";
+    actions[id].push_back(r.decision.action);
+    dead[id] = dead[id] || r.dead_lettered;
+  };
+  job::StreamWorker worker(*client, stream, runner, effect, wo);
+  worker.run();
+  const auto st = worker.stats();
+  EXPECT_EQ(st.completed, 2);
+  EXPECT_EQ(st.dead_lettered, 2);
+  EXPECT_EQ(st.failed, 3);  // two attempts of "fails", one malformed job
+  EXPECT_EQ(st.left_pending, 1);
+  std::lock_guard lk(mu);
+  using A = job::Action;
+  EXPECT_EQ(actions["ok"], std::vector<A>{A::ack});
+  EXPECT_EQ(actions["fails"], (std::vector<A>{A::fail, A::fail}));
+  EXPECT_TRUE(dead["fails"]);
+  EXPECT_EQ(actions["(none)"], std::vector<A>{A::dead_letter});
+  EXPECT_TRUE(dead["(none)"]);
+  EXPECT_EQ(actions["crashes"], (std::vector<A>{A::leave_pending, A::ack}));
+  EXPECT_FALSE(dead["crashes"]);
+  const auto letters = producer.dead_letters(10);
+  ASSERT_EQ(letters.size(), 2u);
+  std::set<std::string> errors{letters[0].last_error, letters[1].last_error};
+  EXPECT_TRUE(errors.count("exit status 3")) << letters[0].last_error << " / " << letters[1].last_error;
+  EXPECT_TRUE(errors.count("job has no field \"id\"")) << letters[0].last_error << " / " << letters[1].last_error;
+  EXPECT_EQ(producer.pending_count(), 0);
+}
+
+TEST_F(StreamWorkerTest, StopFromAnotherThreadReachesTheEffectsInFlight) {
+  job::GuardedRunner runner(leases, cls("w-stop"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  for (int u = 0; u < 3; ++u) add(producer, std::to_string(u));
+  std::atomic<int> started{0}, saw_shutdown{0};
+  job::AsyncJobEffect effect = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    ++started;
+    for (int i = 0; i < 1000 && !item.shutdown().stop_requested(); ++i) co_await sleep_for(5ms);
+    if (item.shutdown().stop_requested()) {
+      ++saw_shutdown;
+      item.leave_pending("shutdown");
+      throw std::runtime_error("interrupted");
+    }
+    co_return "";
+  };
+  job::StreamWorker worker(*client, stream, runner, effect, {.concurrency = 3});
+  std::thread stopper([&] {
+    ASSERT_TRUE(test::eventually([&] { return started.load() == 3; }, 10s));
+    worker.stop();
+  });
+  worker.run();  // returns once the three effects gave up
+  stopper.join();
+  EXPECT_EQ(saw_shutdown.load(), 3);
+  EXPECT_EQ(worker.stats().left_pending, 3);
+  EXPECT_EQ(producer.pending_count(), 3);
+}
+
+TEST_F(StreamWorkerTest, BadOptionsAreRefusedByName) {
+  job::GuardedRunner runner(leases, cls("w-bad"), backends());
+  job::AsyncJobEffect effect = [](job::WorkItem&) -> asio::awaitable<std::string> { co_return ""; };
+  try {
+    job::StreamWorker w(*client, stream, runner, effect, {.concurrency = 0});
+    FAIL() << "concurrency 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("concurrency 0"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(job::StreamWorker(*client, stream, runner, job::AsyncJobEffect{}), Error);
+}
+
+}  // namespace
