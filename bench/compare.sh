@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # bench/compare.sh [--seconds S] [--workers N] [--rounds R] [--connections "1 2"] [--peers]
+# bench/compare.sh --jobs M [--concurrency 1,64]
 # One sitting, one private redis-server pinned to core 0, every client pinned to
 # core 1, measured back to back:
 #   1. redis-benchmark -c N -P 1 SET (the single-client-core wall),
@@ -8,10 +9,14 @@
 #      (1 = what the Node peers use; 2 lets the server work on one connection's
 #      batch while the client handles the other's),
 #   3. with --peers: the Node.js plain ioredis pattern and node-redlock.
+# With --jobs M instead: the job path in one sitting, same pinning: jobguard
+# bench --jobs (the stream worker, guarded, beside bare XREADGROUP + XACK) and
+# the BullMQ peer (bench/peers/bullmq-bench.js) on the same M jobs per
+# concurrency, and the ratios guarded/BullMQ and guarded/bare.
 # Prints one JSON object with every figure and the ratios the issues quote.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-seconds=3 workers=64 peers=0 rounds=3 conns="1 2"
+seconds=3 workers=64 peers=0 rounds=3 conns="1 2" jobs=0 concurrency=1,64
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
@@ -19,6 +24,8 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --connections) conns=$2; shift 2 ;;
     --peers) peers=1; shift ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --concurrency) concurrency=$2; shift 2 ;;
     *) echo "compare.sh: unknown option $1" >&2; exit 64 ;;
   esac
 done
@@ -31,14 +38,39 @@ srv=$!
 trap 'kill $srv 2>/dev/null; wait $srv 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 url=redis://127.0.0.1:$port/0
+# A server this script has just started empty: recorded as having kept its
+# lock state (what trust_new_server does, with the library's own script), or
+# its first grants would wait out the data-loss quarantine (docs/lock-safety.md).
+# Emptied between runs (a FLUSHALL is lost lock state too), then trusted again.
+fresh() {
+  redis-cli -p "$port" flushall >/dev/null
+  redis-cli -p "$port" EVAL "$(cat "$root/src/lock/scripts/epoch.lua")" 1 jobguard:epoch 60000 trust >/dev/null
+}
+fresh
+if [ "$jobs" -gt 0 ]; then
+  bash "$root/bench/peers/install.sh" >/dev/null
+  jg_jobs=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency")
+  fresh
+  bull=$(cd "$root/bench/peers" && taskset -c 1 node bullmq-bench.js --redis "$url" --jobs "$jobs" --concurrency "$concurrency" --json)
+  python3 - "$jg_jobs" "$bull" <<'PY'
+import json, sys
+jg, bull = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ratios = {}
+for g, b, bm in zip(jg["runs"], jg["bare_runs"], bull["runs"]):
+    c = g["concurrency"]
+    ratios[f"concurrency_{c}"] = {"guarded_vs_bullmq": g["jobs_per_s"] / bm["jobs_per_s"],
+                                  "guarded_vs_bare": g["jobs_per_s"] / b["jobs_per_s"]}
+print(json.dumps({"jobguard": jg, "bullmq": bull, "ratios": ratios}, indent=1))
+PY
+  exit 0
+fi
 requests=$(( seconds * 100000 ))
 rb=$(taskset -c 1 redis-benchmark -p "$port" -c "$workers" -P 1 -n "$requests" -r 10000000 -t set --csv 2>/dev/null \
      | awk -F'","' '/"SET"/ {gsub(/"/,"",$2); print $2}')
-redis-cli -p "$port" flushall >/dev/null
 jgjson='{'
 sep=''
 for c in $conns; do
-  redis-cli -p "$port" flushall >/dev/null
+  fresh
   one=$(taskset -c 1 "$jg" --redis "$url" --json bench --workers "$workers" --seconds "$seconds" --rounds "$rounds" --connections "$c")
   jgjson="$jgjson$sep\"$c\":$one"
   sep=','
@@ -47,7 +79,7 @@ jgjson="$jgjson}"
 peerjson='null'
 if [ "$peers" = 1 ]; then
   bash "$root/bench/peers/install.sh" >/dev/null
-  redis-cli -p "$port" flushall >/dev/null
+  fresh
   plain=$(cd "$root/bench/peers" && taskset -c 1 node lock-bench.js --redis "$url" --workers "$workers" --seconds "$seconds" --mode plain --json)
   # The plain pattern over 2 connections too, so the 2-connection jobguard
   # figure is not compared with a peer denied the same setting.

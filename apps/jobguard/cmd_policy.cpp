@@ -23,7 +23,8 @@ constexpr const char* kPolicyHelp = R"(The lock catalog: a YAML file declaring e
 
   jobguard policy lint FILE [--window 60m]
                                         check every class; with --redis also
-                                        compare each TTL with the fleet's
+                                        refuse a TTL above the URL's max_ttl
+                                        and compare each TTL with the fleet's
                                         observed p99 hold time over the window
                                         (classes with under 20 holds: skipped)
   jobguard policy doc FILE [--format md|html] [-o OUT]
@@ -54,16 +55,8 @@ std::string read_whole(const std::string& path) {
 // Each class's p99 hold time as the fleet published it (observe::FleetReader)
 // over the window.
 std::vector<job::ObservedHold> observed_hold_times(const Globals& g, std::chrono::minutes window) {
-  auto conn = redis::parse_url(g.redis_url);
-  if (conn.client_name.empty()) conn.client_name = "jobguard-policy";
-  redis::Client client(conn);
-  try {
-    client.exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
-  } catch (const Error& e) {
-    throw Error(errc::redis_unavailable,
-                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
-  }
-  const auto snap = observe::FleetReader(client).read(window);
+  const auto client = connect_redis(g, "jobguard-policy");
+  const auto snap = observe::FleetReader(*client).read(window);
   std::vector<job::ObservedHold> out;
   for (const auto& c : snap.classes)
     if (auto p99 = c.hold_quantile_seconds(0.99)) out.push_back({c.lock_class, *p99, c.counts.hold_count()});
@@ -83,7 +76,9 @@ int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
   std::vector<job::CatalogFinding> findings;
   const auto catalog = job::Catalog::check(text, a.file, findings);
   if (with_redis) {
-    auto more = job::lint_hold_times(catalog, observed_hold_times(g, window));
+    auto more = job::lint_max_ttl(catalog, redis::parse_url(g.redis_url).lock_max_ttl);
+    findings.insert(findings.end(), more.begin(), more.end());
+    more = job::lint_hold_times(catalog, observed_hold_times(g, window));
     findings.insert(findings.end(), more.begin(), more.end());
   }
   std::size_t errors = 0;

@@ -93,7 +93,6 @@ struct RunArgs {
   std::vector<std::string> cmd;
 };
 
-milliseconds to_ms(microseconds d) { return duration_cast<milliseconds>(d); }
 
 // Log lines on stderr: problems always, every event when the user asked for
 // a log format explicitly. Main thread only.
@@ -124,17 +123,17 @@ class Runner {
     if (a_.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
     job::LockedRunOptions o;
     o.resource = a_.key;
-    o.lock.ttl = to_ms(parse_duration(a_.ttl, "--ttl"));
+    o.lock.ttl = parse_duration_ms(a_.ttl, "--ttl");
     if (o.lock.ttl < milliseconds(10))
       throw Error(errc::invalid_argument, fmt::format("--ttl {} is below the minimum of 10ms", a_.ttl));
-    o.lock.wait = a_.wait.empty() ? milliseconds(0) : to_ms(parse_duration(a_.wait, "--wait"));
+    o.lock.wait = a_.wait.empty() ? milliseconds(0) : parse_duration_ms(a_.wait, "--wait");
     o.lock.fence = a_.fence;
     o.lock.fair = a_.fair;
     o.lock.job_id = a_.job_id;
     o.lock.lock_class = "run";
     o.cmd.argv = a_.cmd;
-    o.cmd.timeout = a_.timeout.empty() ? milliseconds(0) : to_ms(parse_duration(a_.timeout, "--timeout"));
-    o.cmd.grace = to_ms(parse_duration(a_.grace, "--grace"));
+    o.cmd.timeout = a_.timeout.empty() ? milliseconds(0) : parse_duration_ms(a_.timeout, "--timeout");
+    o.cmd.grace = parse_duration_ms(a_.grace, "--grace");
     o.cmd.forward_signals = true;
     o.cmd.foreground = a_.foreground;
     if (a_.foreground && !::isatty(STDIN_FILENO))
@@ -202,15 +201,6 @@ class Runner {
   Reporter& rep_;
 };
 
-// Everything after the first "--" that follows the `run` word.
-std::optional<std::vector<std::string>> cmd_from_raw_args(const std::vector<std::string>& argv) {
-  auto run = std::find(argv.begin(), argv.end(), "run");
-  if (run == argv.end()) return std::nullopt;
-  auto dashes = std::find(run, argv.end(), "--");
-  if (dashes == argv.end()) return std::nullopt;
-  return std::vector<std::string>(dashes + 1, argv.end());
-}
-
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto args = std::make_shared<RunArgs>();
   auto* sub = root.add_subcommand("run", "Run CMD while holding a Redis lock (a distributed flock)");
@@ -228,12 +218,12 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_option("--job-id", args->job_id, "Job id for the owner token and the logs");
   sub->add_flag("--foreground", args->foreground, "Put CMD in the terminal's foreground process group (it may read it)");
   // CLI11 checks that CMD is there; its words are taken verbatim from the
-  // command line (cmd_from_raw_args) because CLI11 rewrites "[a,b]" as a list.
+  // command line (cmd_after_dashes) because CLI11 rewrites "[a,b]" as a list.
   sub->add_option("CMD", args->cmd, "The command and its arguments, after --")->required();
   CLI::Option* log_format = root.get_option_no_throw("--log-format");
   out.emplace_back(sub, [&g, args, log_format] {
     Reporter rep{observe::EventLog(observe::parse_log_format(g.log_format)), log_format && log_format->count() > 0};
-    auto verbatim = cmd_from_raw_args(raw_args());
+    auto verbatim = cmd_after_dashes({"run"});
     try {
       if (!verbatim) throw Error(errc::invalid_argument, "CMD must follow `--`: jobguard run --key KEY [FLAGS] -- CMD [ARGS...]");
       args->cmd = std::move(*verbatim);

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -90,6 +91,48 @@ struct AuditRecord {
 
 // The newest `count` force releases, newest first.
 std::vector<AuditRecord> read_audit(LockService& service, std::size_t count = 100);
+
+// --- what `jobguard locks` prints (pure; any thread) -----------------------------
+// The CLI is a thin layer over these, so another tool (a chat bot, a web page)
+// shows the same columns and the same JSON as the command line.
+
+// "invoice:1" or "jobguard:lock:{invoice:1}" (a lock key of `keys`' prefix)
+// -> "invoice:1". Throws Error(invalid_argument) for a malformed resource.
+std::string parse_resource(const KeyBuilder& keys, std::string_view key_or_resource);
+
+// What a listing knows of a lock's class. Lock keys do not record their class
+// (that would cost every grant a write), so it comes from the caller — the
+// lock catalog's key patterns for `jobguard locks ls --catalog`.
+struct ClassTag {
+  std::string name;
+  // The catalog says the class is fenced. When false the resource's fence
+  // (and so the age column) belongs to an earlier fenced grant, not to this
+  // holder, and the age is shown as "-".
+  bool fenced = true;
+};
+// nullopt: the resource matches no class. An empty ClassOf means "no catalog":
+// no class column, ages shown as "at most" (docs/operations.md).
+using ClassOf = std::function<std::optional<ClassTag>(std::string_view resource)>;
+
+// The `locks ls` table: RESOURCE HOLDER AGE TTL_LEFT FENCE WAITERS [CLASS],
+// aligned, then "N locks (M SCAN round trips)".
+std::string format_list(const ListResult& res, const ClassOf& class_of = {});
+// `locks show`: one field per line.
+std::string format_info(const LockInfo& info);
+// `locks release`: the line printed for each outcome (the holder_changed one
+// names `expected_holder`, and goes to stderr).
+std::string format_release(std::string_view resource, const ForceReleaseResult& r,
+                           std::string_view expected_holder);
+// `locks audit`: one line per record, "2026-12-01T04:29:10.454Z  resource  by who  removed holder ...".
+std::string format_audit(const std::vector<AuditRecord>& records);
+
+// The same as one JSON document each (the CLI's --json): {"locks":[...],
+// "scan_calls", "keys_matched"}; one lock object; {"resource","outcome",...};
+// {"releases":[...]}. Field names are documented in docs/operations.md.
+std::string list_json(const ListResult& res, const ClassOf& class_of = {});
+std::string info_json(const LockInfo& info);
+std::string release_json(std::string_view resource, const ForceReleaseResult& r);
+std::string audit_json(const std::vector<AuditRecord>& records);
 
 // "<prefix>:audit": the stream of force releases.
 std::string audit_key(const KeyBuilder& keys);

@@ -8,6 +8,7 @@
 // named in this comment.
 #pragma once
 
+#include "jobguard/clock.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/text.hpp"
@@ -40,6 +41,7 @@
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/job/supervisor.hpp"
+#include "jobguard/job/worker.hpp"
 #include "jobguard/observe/doctor.hpp"  // compiled into jobguard::job (it checks PostgreSQL too)
 
 // jobguard::observe

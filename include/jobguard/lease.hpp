@@ -116,9 +116,26 @@ struct LeaseSchedulerStats {
   std::uint64_t lost = 0;
 };
 
+// What a LeaseScheduler reads time from and reports to. Every member has a default.
+struct LeaseSchedulerOptions {
+  // Safe times, renewals and hard timeouts are counted on this clock.
+  // Default null = the service's (LockServiceOptions::clock). A lease starts
+  // from its lock's acquired_at(), read on the service's clock, so any other
+  // clock is refused (Error(invalid_argument)): the two would not agree.
+  const MonotonicClock* clock = nullptr;
+  // Where lease metrics (renewals, losses, hold time) go, per lock class.
+  // Default null = the service's registry (LockServiceOptions::metrics). Not
+  // owned: it must outlive the scheduler and its leases.
+  observe::Registry* metrics = nullptr;
+};
+
+// Threads: every member is safe from any thread; renewals and loss callbacks
+// run on the client's event loop. Create with LeaseScheduler::create; each
+// Lease keeps its scheduler alive.
 class LeaseScheduler : public std::enable_shared_from_this<LeaseScheduler> {
  public:
-  static std::shared_ptr<LeaseScheduler> create(std::shared_ptr<LockService> service);
+  static std::shared_ptr<LeaseScheduler> create(std::shared_ptr<LockService> service,
+                                                LeaseSchedulerOptions options = {});
   ~LeaseScheduler();
 
   // Takes over a held lock and keeps it renewed.
@@ -134,7 +151,7 @@ class LeaseScheduler : public std::enable_shared_from_this<LeaseScheduler> {
 
  private:
   friend class Lease;
-  explicit LeaseScheduler(std::shared_ptr<LockService> service);
+  LeaseScheduler(std::shared_ptr<LockService> service, const LeaseSchedulerOptions& options);
   std::shared_ptr<LockService> service_;
   std::shared_ptr<Impl> impl_;
 };

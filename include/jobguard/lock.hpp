@@ -17,6 +17,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "jobguard/clock.hpp"
 #include "jobguard/error.hpp"
 
 // No Asio here: a translation unit that only takes and releases locks does
@@ -30,6 +31,7 @@ class Subscriber;
 }
 namespace observe {
 struct LockClassMetrics;
+class Registry;
 }
 
 // Builds the Redis keys of a lock from the business object it guards
@@ -181,8 +183,11 @@ class Lock {
   // server is found in another one (docs/lock-safety.md).
   const std::string& epoch() const noexcept { return epoch_; }
 
-  // Per-class metrics this lock reports to (never null for a granted lock).
+  // Per-class metrics this lock reports to (never null for a granted lock),
+  // in its service's registry (LockServiceOptions::metrics).
   observe::LockClassMetrics& metrics() const noexcept { return *metrics_; }
+  // LockOptions::lock_class of the acquire.
+  const std::string& lock_class() const noexcept { return lock_class_; }
 
   // Compare-and-delete. True if the lock was still ours; false if it had
   // expired or been taken by someone else (nothing is deleted then).
@@ -203,12 +208,27 @@ class Lock {
   std::shared_ptr<LockService> service_;
   std::string resource_, key_, token_, lock_class_;
   std::optional<std::int64_t> fence_;
-  observe::LockClassMetrics* metrics_ = nullptr;  // owned by the global registry
+  observe::LockClassMetrics* metrics_ = nullptr;  // owned by the service's registry
   bool fair_ = false;
   std::chrono::milliseconds ttl_{0};
   std::chrono::steady_clock::time_point acquired_at_{};
   bool held_ = false;
   std::string epoch_;  // the server's lock-state epoch at the grant (quarantine.hpp)
+};
+
+// What a LockService is made of besides its Client. Every member has a default.
+struct LockServiceOptions {
+  KeyBuilder keys{};
+  QuarantineOptions quarantine{};
+  // The monotonic clock waits, TTL starts (Lock::acquired_at) and quarantine
+  // deadlines are read from; leases of this service's locks count on it too.
+  // Default null = MonotonicClock::steady(). Not owned: it must outlive the
+  // service and every Lock and Lease it grants.
+  const MonotonicClock* clock = nullptr;
+  // Where the per-class lock metrics go. Default null =
+  // observe::Registry::global() (what `jobguard serve` exposes). Not owned:
+  // it must outlive the service and every Lock it grants.
+  observe::Registry* metrics = nullptr;
 };
 
 // Owns the scripts, the release subscriber and the waiters for one Client.
@@ -219,10 +239,14 @@ class LockService : public std::enable_shared_from_this<LockService> {
  public:
   static std::shared_ptr<LockService> create(redis::Client& client, KeyBuilder keys = KeyBuilder(),
                                              QuarantineOptions quarantine = {});
+  static std::shared_ptr<LockService> create(redis::Client& client, LockServiceOptions options);
   ~LockService();
 
   const KeyBuilder& keys() const noexcept { return keys_; }
   redis::Client& client() noexcept { return client_; }
+  // The clock and registry it was given (or the defaults).
+  const MonotonicClock& clock() const noexcept { return *clock_; }
+  observe::Registry& metrics_registry() const noexcept { return *registry_; }
 
   // Acquires or gives up: returns nullopt when the lock stayed busy for the
   // whole wait. Throws Error on Redis failures (errc::timeout, not_connected,
@@ -272,10 +296,15 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Internal, for src/lock: the lock-state gate (lock/quarantine.hpp).
   const std::shared_ptr<void>& gate() const noexcept { return gate_; }
   std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }
+  // Internal, for src/lock: a class's metrics in this service's registry.
+  // The client's event-loop thread only (it remembers the last class).
+  observe::LockClassMetrics& class_metrics(const std::string& lock_class) const;
 
  private:
-  LockService(redis::Client& client, KeyBuilder keys, QuarantineOptions quarantine);
+  LockService(redis::Client& client, LockServiceOptions options);
   redis::Client& client_;
+  const MonotonicClock* clock_;
+  observe::Registry* registry_;
   KeyBuilder keys_;
   std::chrono::milliseconds max_ttl_;
   std::shared_ptr<void> gate_;  // a detail::StateGate

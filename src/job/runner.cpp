@@ -26,7 +26,6 @@ namespace {
 namespace asio = boost::asio;
 using asio::awaitable;
 using asio::use_awaitable;
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using detail::await_done;
 using detail::on_blocking;
@@ -127,7 +126,7 @@ struct GuardedRunner::Attempt {
   std::optional<Lease> lease;
   bool fail_open = false;
   observe::LockClassMetrics* m = nullptr;
-  Clock::time_point t0;
+  std::chrono::steady_clock::time_point t0;
 
   const std::string& lock_key() const {
     static const std::string none;
@@ -158,7 +157,8 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
     throw bad(fmt::format("an idempotency store is the moderate row's guard, not the {} row's",
                           to_string(cls_.consequence)));
   if (b_.worker.empty()) b_.worker = default_worker();
-  m_ = &(b_.registry ? *b_.registry : observe::Registry::global()).lock_class(cls_.name);
+  m_ = &(b_.registry ? *b_.registry : leases_->service().metrics_registry()).lock_class(cls_.name);
+  clock_ = b_.clock ? b_.clock : &leases_->service().clock();
 }
 
 GuardedRunner::~GuardedRunner() = default;
@@ -192,7 +192,7 @@ void GuardedRunner::emit(const Attempt& a, std::string_view event, std::string_v
                    .job_id = a.job_id,
                    .lock_class = cls_.name,
                    .outcome = outcome,
-                   .elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - a.t0).count()};
+                   .elapsed_ms = std::chrono::duration<double, std::milli>(clock_->now() - a.t0).count()};
   if (!detail.empty()) e.extra.emplace_back("detail", std::string(detail));
   b_.log->emit(e);
 }
@@ -353,19 +353,21 @@ RunResult GuardedRunner::run(const Unit& unit, const Effect& effect) {
   // The run is a coroutine on the client's loop; this thread is its
   // `blocking` executor, so the effect and PostgreSQL run here, as a
   // blocking caller expects.
-  asio::io_context here;
-  auto work = asio::make_work_guard(here);
+  // Shared with the completion handler: the loop thread is still inside
+  // post() into it when this thread wakes, returns and would destroy it.
+  auto here = std::make_shared<asio::io_context>();
+  auto work = asio::make_work_guard(*here);
   std::exception_ptr failure;
   RunResult out;
-  asio::co_spawn(client.get_executor(), async_run(unit, effect, here.get_executor()),
-                 [&](std::exception_ptr e, RunResult r) {
-                   asio::post(here, [&, e, r = std::move(r)]() mutable {
+  asio::co_spawn(client.get_executor(), async_run(unit, effect, here->get_executor()),
+                 [&, here](std::exception_ptr e, RunResult r) {
+                   asio::post(*here, [&, e, r = std::move(r)]() mutable {
                      failure = e;
                      out = std::move(r);
                      work.reset();
                    });
                  });
-  here.run();
+  here->run();
   if (failure) std::rethrow_exception(failure);
   return out;
 }
@@ -393,7 +395,7 @@ awaitable<RunResult> GuardedRunner::run_coro(Unit unit, Body body) {
   Attempt a;
   a.unit = &unit;
   a.body = &body;
-  a.t0 = Clock::now();
+  a.t0 = clock_->now();
   a.resource = cls_.resource_for(unit.id);
   a.job_id = unit.job_id.empty() ? cls_.name + ":" + unit.id : unit.job_id;
   a.fingerprint = unit.fingerprint.empty() ? unit.run_id : unit.fingerprint;
@@ -431,7 +433,7 @@ awaitable<RunResult> GuardedRunner::run_coro(Unit unit, Body body) {
   };
   if (a.lease) co_await release(*a.lease);
   if (a.lock) co_await release(*a.lock);
-  r.elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - a.t0);
+  r.elapsed = std::chrono::duration_cast<milliseconds>(clock_->now() - a.t0);
   emit(a, r.outcome == Outcome::already_done ? "skipped" : r.ok() ? "completed" : "failed", to_string(r.outcome),
        r.detail);
   co_return r;
@@ -600,8 +602,8 @@ awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r) {
     // A plain lock's time is its TTL from the grant, less the same drift
     // allowance a lease takes (the server's clock may run faster than ours).
     const auto expires = a.lock->acquired_at() + a.lock->ttl() - a.lock->ttl() / 100 - milliseconds(2);
-    ctx.time_left_ = [expires] {
-      return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(expires - Clock::now()));
+    ctx.time_left_ = [expires, clock = clock_] {
+      return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(expires - clock->now()));
     };
   }
 

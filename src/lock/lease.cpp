@@ -33,16 +33,21 @@ const char* to_string(LeaseState s) noexcept {
 }
 
 struct Lease::State {
-  State(std::shared_ptr<LeaseScheduler> s, Lock l, const LeaseOptions& o)
+  State(std::shared_ptr<LeaseScheduler> s, Lock l, const LeaseOptions& o, const MonotonicClock& c,
+        observe::LockClassMetrics& m)
       : sched(std::move(s)),
         lock(std::move(l)),
         opts(o),
+        clock(c),
+        metrics(m),
         tl(detail::LeaseTimeline::resolve(lock.ttl(), o), lock.acquired_at()),
         safe_until_ns(tl.safe_until().time_since_epoch().count()) {}
 
   std::shared_ptr<LeaseScheduler> sched;
   Lock lock;
   LeaseOptions opts;
+  const MonotonicClock& clock;       // the scheduler's (= the service's)
+  observe::LockClassMetrics& metrics;  // the lock's class in the scheduler's registry
   detail::LeaseTimeline tl;  // event-loop thread only
   // Mirrors of the timeline for other threads.
   std::atomic<Clock::rep> safe_until_ns;
@@ -59,8 +64,10 @@ struct Lease::State {
 };
 
 struct LeaseScheduler::Impl {
-  explicit Impl(asio::any_io_executor ex) : timer(ex) {}
+  Impl(asio::any_io_executor ex, const MonotonicClock& c, observe::Registry& r) : timer(ex), clock(c), registry(r) {}
   asio::steady_timer timer;
+  const MonotonicClock& clock;
+  observe::Registry& registry;
   Clock::time_point armed_for = Clock::time_point::max();
   std::multimap<Clock::time_point, std::shared_ptr<Lease::State>> queue;  // loop thread only
   std::mt19937_64 rng{std::random_device{}()};
@@ -93,7 +100,10 @@ struct LeaseScheduler::Impl {
     const auto first = queue.begin()->first;
     if (first >= armed_for) return;
     armed_for = first;
-    timer.expires_at(first);
+    // The timer runs on the host's steady clock; the queue holds instants of
+    // ours, so it waits for what is left of them by our clock.
+    const auto left = first - clock.now();
+    timer.expires_after(left.count() > 0 ? left : Clock::duration::zero());
     timer.async_wait([this, keep = owner.lock()](boost::system::error_code ec) {
       if (ec == asio::error::operation_aborted) return;  // re-armed earlier, or shutting down
       armed_for = Clock::time_point::max();
@@ -116,8 +126,8 @@ struct LeaseScheduler::Impl {
       s->on_lost = nullptr;
     }
     s->state.store(st);
-    s->lock.metrics().leases_lost_total.inc();
-    s->lock.metrics().hold_seconds.observe(Clock::now() - s->lock.acquired_at());
+    s->metrics.leases_lost_total.inc();
+    s->metrics.hold_seconds.observe(clock.now() - s->lock.acquired_at());
     lost.fetch_add(1);
     active.fetch_sub(1);
     s->stop.request_stop();
@@ -126,7 +136,7 @@ struct LeaseScheduler::Impl {
   }
 
   void tick() {
-    const auto now = Clock::now();
+    const auto now = clock.now();
     // Everything due now, plus renewals due within the coalescing window, go
     // out in this turn of the loop: the client writes them as one pipeline.
     std::vector<std::shared_ptr<Lease::State>> due;
@@ -183,8 +193,8 @@ struct LeaseScheduler::Impl {
     if (!self) return;
     self->service().async_extend(
         s->lock.resource(), s->lock.token(), s->lock.ttl(), [this, self, s](const Error& e, bool ours) {
-          const auto t = Clock::now();
-          auto& m = s->lock.metrics();
+          const auto t = clock.now();
+          auto& m = s->metrics;
           if (e) {
             m.renewal_failures_total.inc();
             m.redis_errors_total.inc();
@@ -237,7 +247,7 @@ std::optional<std::int64_t> Lease::fence() const noexcept { return s_->lock.fenc
 std::chrono::milliseconds Lease::safe_time_left() const noexcept {
   if (s_->state.load() != LeaseState::active) return ms(0);
   const auto until = Clock::time_point(Clock::duration(s_->safe_until_ns.load()));
-  const auto now = Clock::now();
+  const auto now = s_->clock.now();
   if (now >= until) return ms(0);
   return std::chrono::duration_cast<ms>(until - now);
 }
@@ -325,13 +335,21 @@ void Lease::async_release(std::function<void(const Error&, bool)> done) {
 
 // --- LeaseScheduler -------------------------------------------------------------
 
-LeaseScheduler::LeaseScheduler(std::shared_ptr<LockService> service)
-    : service_(std::move(service)), impl_(std::make_shared<Impl>(service_->client().get_executor())) {}
+LeaseScheduler::LeaseScheduler(std::shared_ptr<LockService> service, const LeaseSchedulerOptions& o)
+    : service_(std::move(service)),
+      impl_(std::make_shared<Impl>(service_->client().get_executor(), service_->clock(),
+                                   o.metrics ? *o.metrics : service_->metrics_registry())) {}
 
 LeaseScheduler::~LeaseScheduler() = default;
 
-std::shared_ptr<LeaseScheduler> LeaseScheduler::create(std::shared_ptr<LockService> service) {
-  auto s = std::shared_ptr<LeaseScheduler>(new LeaseScheduler(std::move(service)));
+std::shared_ptr<LeaseScheduler> LeaseScheduler::create(std::shared_ptr<LockService> service,
+                                                       LeaseSchedulerOptions options) {
+  if (!service) throw Error(errc::invalid_argument, "LeaseScheduler::create: no LockService");
+  if (options.clock && options.clock != &service->clock())
+    throw Error(errc::invalid_argument,
+                "LeaseSchedulerOptions::clock differs from the LockService's: a lease counts from its lock's "
+                "acquired_at(), read on the service's clock (give the clock to LockServiceOptions instead)");
+  auto s = std::shared_ptr<LeaseScheduler>(new LeaseScheduler(std::move(service), options));
   s->impl_->owner = s;
   s->impl_->gate_ptr = s->service_->gate();
   std::weak_ptr<Impl> weak = s->impl_;
@@ -348,7 +366,11 @@ std::shared_ptr<LeaseScheduler> LeaseScheduler::create(std::shared_ptr<LockServi
 Lease LeaseScheduler::adopt(Lock lock, const LeaseOptions& opts) {
   if (!lock.held()) throw Error(errc::invalid_argument, "adopt: the lock is not held");
   if (opts.jitter < 0 || opts.jitter >= 1) throw Error(errc::invalid_argument, "lease jitter must be in [0, 1)");
-  auto s = std::make_shared<Lease::State>(shared_from_this(), std::move(lock), opts);
+  // The lock's own metrics unless this scheduler reports to another registry.
+  observe::LockClassMetrics& m = &impl_->registry == &service_->metrics_registry()
+                                     ? lock.metrics()
+                                     : impl_->registry.lock_class(lock.lock_class());
+  auto s = std::make_shared<Lease::State>(shared_from_this(), std::move(lock), opts, impl_->clock, m);
   impl_->active.fetch_add(1);
   asio::post(service_->client().get_executor(), [impl = impl_, s] {
     impl->publish(s);  // a lock adopted after its safe time is lost at once

@@ -16,6 +16,7 @@
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/subscriber.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/waiter.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -26,21 +27,8 @@ extern const std::string_view leave_queue;
 }  // namespace lock_scripts
 
 namespace asio = boost::asio;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-// The registry lookup takes a shared lock and a map search; a worker thread
-// almost always asks for the same class again, so remember the last one.
-observe::LockClassMetrics& class_metrics(const std::string& lock_class) {
-  thread_local std::string last_name;
-  thread_local observe::LockClassMetrics* last = nullptr;
-  if (last == nullptr || last_name != lock_class) {
-    last = &observe::Registry::global().lock_class(lock_class);
-    last_name = lock_class;
-  }
-  return *last;
-}
-
 const redis::Script& script_acquire() {
   static const redis::Script s{std::string(lock_scripts::acquire)};
   return s;
@@ -114,21 +102,19 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
     redis::Subscriber::Id id = 0;
     std::unordered_set<WaiterBase*> waiters;
     bool ready = false;
-    Clock::time_point ready_at{};  // when the loop saw the server's confirmation
+    MonotonicClock::time_point ready_at{};  // when the loop saw the server's confirmation
   };
 
   // What a waiter that just registered must do to be sure it hears the release.
-  enum class Heard {
-    yes,         // the channel was confirmed before its attempt was sent
-    look_again,  // confirmed while its attempt was in flight: one more attempt
-    on_ready,    // not yet confirmed: wake() comes with the confirmation
-  };
+  using Heard = detail::WaiterMachine::Heard;
 
-  Impl(redis::Client& c, KeyBuilder k)
-      : client(c), keys(std::move(k)), grant_channel(grant_channel_name(keys)) {}
+  Impl(redis::Client& c, KeyBuilder k, const MonotonicClock& clk)
+      : client(c), clock(clk), keys(std::move(k)), grant_channel(grant_channel_name(keys)) {}
 
   // The client outlives the service and so every handler that finds us alive.
   redis::Client& client;
+  // The service's clock: channel confirmations are compared with attempts' send times.
+  const MonotonicClock& clock;
   const KeyBuilder keys;
   const std::string grant_channel;
 
@@ -137,7 +123,9 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   Error sub_error;  // the subscriber's last refusal; guarded by sub_error_mu
   std::unordered_map<std::string, Channel> channels;               // by channel name; loop thread only
   std::unordered_map<std::string, WaiterBase*> granted_by_token;   // fair waiters; loop thread only
-  std::unordered_map<std::string, Clock::time_point> abandoned;   // token -> forget after; loop thread only
+  std::unordered_map<std::string, MonotonicClock::time_point> abandoned;   // token -> forget after; loop thread only
+  std::string last_class;                                  // LockService::class_metrics; loop thread only
+  observe::LockClassMetrics* last_metrics = nullptr;
 
   redis::Subscriber& sub() {
     if (!subscriber) {
@@ -164,7 +152,7 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
       subscriber->set_on_reconnect([weak = weak_from_this()] {
         auto self = weak.lock();
         if (!self) return;
-        const auto now = Clock::now();
+        const auto now = self->clock.now();
         for (auto& [name, ch] : self->channels) {
           if (ch.ready) ch.ready_at = now;
           for (auto* w : std::vector<WaiterBase*>(ch.waiters.begin(), ch.waiters.end())) w->wake();
@@ -204,13 +192,13 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   // Loop thread. A fair waiter that ended without the lock; its place in the
   // queue outlives it by at most `place_lease`.
   void abandon(std::string token, std::chrono::milliseconds place_lease) {
-    const auto now = Clock::now();
+    const auto now = clock.now();
     std::erase_if(abandoned, [now](const auto& kv) { return kv.second < now; });
     abandoned.emplace(std::move(token), now + place_lease);
   }
 
   // Loop thread. `sent_at`: when the waiter sent the attempt that found the lock busy.
-  Heard watch(const std::string& channel, WaiterBase* w, Clock::time_point sent_at) {
+  Heard watch(const std::string& channel, WaiterBase* w, MonotonicClock::time_point sent_at) {
     Channel& ch = channels[channel];
     ch.waiters.insert(w);
     if (ch.id == 0) {
@@ -233,7 +221,7 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
             auto it = self->channels.find(channel);
             if (it == self->channels.end()) return;
             it->second.ready = true;
-            it->second.ready_at = Clock::now();
+            it->second.ready_at = self->clock.now();
             // A release between a waiter's attempt and this moment went
             // unheard: every waiter registered so far looks once more.
             for (auto* x : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end()))
@@ -264,26 +252,29 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
 
 namespace {
 
-// One acquire in progress: tries, then waits for a release message or its
-// backoff timer, until granted or past its deadline. Lives on the loop
-// thread; kept alive by its own pending operations.
+// One acquire in progress: the I/O shell around detail::WaiterMachine. The
+// machine decides (try, listen, sleep, use a grant, give up); this class
+// passes the gate, sends the attempts, listens, arms the timer and builds the
+// Lock. Lives on the loop thread; kept alive by its own pending operations.
 class Waiter final : public LockService::Impl::WaiterBase, public std::enable_shared_from_this<Waiter> {
+  using Machine = detail::WaiterMachine;
+
  public:
   Waiter(std::shared_ptr<LockService> svc, std::string resource, LockOptions opts, LockService::AcquireHandler done)
       : svc_(std::move(svc)),
-        impl_(nullptr),
+        clock_(svc_->clock()),
         resource_(std::move(resource)),
         opts_(std::move(opts)),
-        done_(std::move(done)) {}
+        done_(std::move(done)),
+        m_(Machine::Config{opts_.ttl, opts_.wait, opts_.fair, opts_.backoff_min, opts_.backoff_max}) {}
 
   void start(LockService::Impl* impl) {
     impl_ = impl;
     const auto& k = svc_->keys();
     key_ = k.lock_key(resource_);
     token_ = make_token(opts_.job_id);
-    started_ = Clock::now();
-    deadline_ = started_ + opts_.wait;
-    metrics_ = &class_metrics(opts_.lock_class);
+    started_ = clock_.now();
+    metrics_ = &svc_->class_metrics(opts_.lock_class);
     if (opts_.fence || opts_.fair) {
       script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
     }
@@ -293,62 +284,111 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       channel_ = impl_->grant_channel;
       entry_ = fmt::format("{} {} {} {}", opts_.ttl.count(), opts_.fence ? 1 : 0, channel_, token_);
     }
-    attempt();
+    run(m_.start(started_));
   }
 
-  void wake() override {
-    if (finished_) return;
-    if (in_flight_) {
-      wake_pending_ = true;
-      return;
-    }
-    if (timer_) timer_->cancel();
-  }
-
-  void on_grant(std::optional<std::int64_t> fence) override {
-    if (finished_) return;
-    if (in_flight_) {
-      // The attempt in flight ran either before the grant (it answers busy,
-      // and its send time is a safe start of our TTL) or after it (it finds
-      // the lock ours and answers granted): wait for it either way, so no
-      // attempt of ours is left to run after we have released the lock.
-      grant_ = fence;
-      granted_ = true;
-      return;
-    }
-    // The grant ran after our last attempt that found the lock busy, so that
-    // attempt's send time is a safe start of our TTL; if it is too far back
-    // to leave a useful TTL, one attempt restarts the TTL (acquire.lua).
-    if (Clock::now() - last_busy_sent_ > opts_.ttl / 4) return wake();
-    finish({}, true, fence, last_busy_sent_);
-  }
+  void wake() override { run(m_.release_message(clock_.now())); }
+  void on_grant(std::optional<std::int64_t> fence) override { run(m_.grant_message(clock_.now(), fence)); }
 
  private:
+  static std::uint64_t seed() {
+    // Seeded once per thread: a random_device per acquire costs more than the acquire.
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    return rng();
+  }
+
   std::chrono::milliseconds waiter_lease() const {
     return std::max<std::chrono::milliseconds>(std::chrono::milliseconds(2000), opts_.backoff_max * 5);
+  }
+
+  // Carries out the machine's actions in order. An action that starts I/O
+  // comes last in its list, so a completion that runs inline (and feeds the
+  // machine again) never interleaves with the rest of a list.
+  void run(const Machine::Actions& actions) {
+    for (const auto& a : actions) {
+      switch (a.kind) {
+        case Machine::Action::send_attempt: attempt(); break;
+        case Machine::Action::arm_timer: arm(a.at); break;
+        case Machine::Action::cancel_timer:
+          ++timer_gen_;
+          if (timer_) timer_->cancel();
+          break;
+        case Machine::Action::subscribe: subscribe(); break;
+        case Machine::Action::unsubscribe:
+          impl_->unwatch(channel_, this);
+          if (opts_.fair) impl_->granted_by_token.erase(token_);
+          break;
+        case Machine::Action::discard_grant:
+          svc_->async_release(resource_, token_, nullptr, opts_.fair);
+          // A fresh token, so a late release of this one cannot delete the
+          // next grant (with several connections their order is not kept). A
+          // fair waiter keeps its token: it names its place in the queue.
+          if (!opts_.fair) token_ = make_token(opts_.job_id);
+          break;
+        case Machine::Action::leave_queue: leave_queue(); break;
+        case Machine::Action::abandon: impl_->abandon(token_, waiter_lease() * 2); break;
+        case Machine::Action::pass_on_grant: svc_->async_release(resource_, token_, nullptr, opts_.fair); break;
+        case Machine::Action::complete: complete(a); break;
+      }
+    }
+  }
+
+  void arm(Machine::time_point at) {
+    if (!timer_) timer_.emplace(svc_->client().get_executor());
+    // Timers run on the host's steady clock; the machine's instants are the
+    // service's clock's, so the wait is what is left by that clock.
+    const auto left = at - clock_.now();
+    timer_->expires_after(left.count() > 0 ? left : Machine::time_point::duration::zero());
+    timer_->async_wait([self = shared_from_this(), gen = ++timer_gen_](boost::system::error_code ec) {
+      // A handler already queued when the timer was cancelled or re-armed
+      // still runs with success: the generation tells it apart.
+      if (ec || gen != self->timer_gen_) return;
+      self->run(self->m_.timer_fired(self->clock_.now()));
+    });
+  }
+
+  void subscribe() {
+    // Only a waiter that waits sleeps: the jitter is drawn now, and a try-once
+    // acquire, the common case, never pays for it. Likewise a plain waiter's
+    // channel is built only now.
+    m_.seed(seed());
+    if (opts_.fair) impl_->granted_by_token[token_] = this;
+    else channel_ = svc_->keys().channel(resource_);
+    const auto heard = impl_->watch(channel_, this, sent_at_);
+    run(m_.subscribed(clock_.now(), heard));
+  }
+
+  void leave_queue() {
+    // A release may have handed us the lock just now: pass it on.
+    std::vector<std::string> keys = {script_keys_[2], script_keys_[3], key_};
+    svc_->client().async_eval(script_leave(), std::move(keys), {entry_, token_},
+                              [svc = svc_, resource = resource_, token = token_](std::error_code ec, redis::Reply r) {
+                                if (!ec && r.is_integer() && r.integer == 1)
+                                  svc->async_release(resource, token, nullptr, true);
+                              });
   }
 
   // Every attempt passes the lock-state gate first (lock/quarantine.hpp):
   // usually a few comparisons, a check of the server after a reconnect or
   // every `recheck`, a refusal while the server is in quarantine.
   void attempt() {
-    in_flight_ = true;
-    wake_pending_ = false;
     if (auto t = gate_->ready()) {
       ticket_ = std::move(t);
       return send();
     }
     gate_->admit([self = shared_from_this()](std::error_code ec, const std::string& detail,
                                              std::chrono::milliseconds retry_in, detail::StateGate::TicketPtr t) {
-      if (self->finished_) return;
+      if (self->m_.done()) return;
       if (ec) {
-        self->in_flight_ = false;
         // Posted: a refusal from the gate's fast path arrives inside
         // async_acquire itself, and a caller's completion must never run
         // before its initiating call returns (a coroutine would be resumed
         // inside its own co_await).
-        asio::post(self->svc_->client().get_executor(),
-                   [self, ec, detail, retry_in] { self->refused(ec, detail, retry_in); });
+        asio::post(self->svc_->client().get_executor(), [self, ec, detail, retry_in] {
+          self->ec_ = ec;
+          self->detail_ = detail;
+          self->run(self->m_.refused(self->clock_.now(), retry_in));
+        });
         return;
       }
       self->ticket_ = std::move(t);
@@ -356,47 +396,35 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     });
   }
 
-  // A grant from a server the gate did not check (the reply came after a
-  // reconnect) may come from one that lost its state: hand it back unused
-  // and try again through the gate.
-  bool suspect_grant() {
-    if (gate_->current(*ticket_)) return false;
-    svc_->async_release(resource_, token_, nullptr, opts_.fair);
-    // A fresh token, so a late release of this one cannot delete the next
-    // grant (with several connections their order is not kept). A fair
-    // waiter keeps its token: it names its place in the queue.
-    if (!opts_.fair) token_ = make_token(opts_.job_id);
-    return true;
+  void failed(std::error_code ec, std::string detail) {
+    ec_ = ec;
+    detail_ = std::move(detail);
+    run(m_.reply(clock_.now(), Machine::Reply::error));
   }
 
-  void refused(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in) {
-    const auto now = Clock::now();
-    // A quarantine that ends within our wait is waited out, like a busy lock.
-    if (retry_in.count() > 0 && now + retry_in < deadline_) {
-      if (!timer_) timer_.emplace(svc_->client().get_executor());
-      timer_->expires_after(retry_in);
-      timer_->async_wait([self = shared_from_this()](boost::system::error_code) {
-        if (!self->finished_) self->attempt();
-      });
-      return;
-    }
-    finish(ec, false, std::nullopt, sent_at_, detail);
+  // A grant from a server the gate did not check (the reply came after a
+  // reconnect) may come from one that lost its state: handed back unused
+  // (discard_grant) and asked for again through the gate.
+  Machine::Reply granted() const {
+    return gate_->current(*ticket_) ? Machine::Reply::granted : Machine::Reply::unchecked_grant;
+  }
+
+  void busy() {
+    metrics_->busy_total.inc();
+    run(m_.reply(clock_.now(), Machine::Reply::busy));
   }
 
   void send() {
-    sent_at_ = Clock::now();
+    sent_at_ = clock_.now();
+    m_.sent(sent_at_);
     auto self = shared_from_this();
     const bool may_wait = opts_.wait.count() > 0;
     if (script_keys_.empty() && ticket_->evicted.empty()) {
       // The plain form other clients (ioredis, node-redlock, Laravel) use too.
       redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
       svc_->client().async_exec(std::move(cmd), [self](std::error_code ec, redis::Reply r) {
-        self->in_flight_ = false;
-        if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_, std::move(r.str));
-        if (r.is_ok()) {
-          if (self->suspect_grant()) return self->attempt();
-          return self->finish({}, true, std::nullopt, self->sent_at_);
-        }
+        if (ec) return self->failed(ec, std::move(r.str));
+        if (r.is_ok()) return self->run(self->m_.reply(self->clock_.now(), self->granted()));
         self->busy();
       });
       return;
@@ -417,159 +445,94 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      ticket_->evicted};
     svc_->client().async_eval(
         script_acquire(), script_keys_, std::move(args), [self](std::error_code ec, redis::Reply r) {
-          self->in_flight_ = false;
-          if (ec) return self->finish(ec, false, std::nullopt, self->sent_at_, std::move(r.str));
+          if (ec) return self->failed(ec, std::move(r.str));
           if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
-            return self->finish(make_error_code(errc::protocol_error), false, std::nullopt, self->sent_at_,
+            return self->failed(make_error_code(errc::protocol_error),
                                 "unexpected reply to the acquire script: " + to_debug_string(r));
           if (r.elements[0].integer == -1) {
             // Keys were evicted since the gate's check: check again (that
             // starts a quarantine for every client of the server).
             self->gate_->invalidate();
-            return self->attempt();
+            return self->run(self->m_.reply(self->clock_.now(), Machine::Reply::retry));
           }
           if (r.elements[0].integer == 1) {
-            if (self->suspect_grant()) return self->attempt();
             std::optional<std::int64_t> fence;
             if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
-            return self->finish({}, true, fence, self->sent_at_);
+            return self->run(self->m_.reply(self->clock_.now(), self->granted(), fence));
           }
-          // Busy, but a grant arrived meanwhile: this attempt ran before it.
-          if (self->granted_) return self->finish({}, true, self->grant_, self->sent_at_);
           self->busy();
         });
   }
 
-  void busy() {
-    metrics_->busy_total.inc();
-    saw_busy_ = true;
-    last_busy_sent_ = sent_at_;
-    const auto now = Clock::now();
-    if (now >= deadline_) return give_up();
-    if (!registered_) {
-      registered_ = true;
-      // A plain waiter's channel is built only now: a try-once acquire, the
-      // common case, never needs it.
-      if (opts_.fair) impl_->granted_by_token[token_] = this;
-      else channel_ = svc_->keys().channel(resource_);
-      // Listen, and look again unless the channel was already listening when
-      // our attempt was sent: a release in between would otherwise go unheard.
-      if (impl_->watch(channel_, this, sent_at_) == LockService::Impl::Heard::look_again) wake_pending_ = true;
-    }
-    if (wake_pending_) return attempt();
-    std::chrono::milliseconds sleep;
-    // Seeded once per thread: a random_device per acquire costs more than the acquire.
-    thread_local std::mt19937_64 rng{std::random_device{}()};
-    if (opts_.fair) {
-      // A queued fair waiter is handed the lock by the release that reaches
-      // it; its attempts only refresh its place (the waiter lease is at least
-      // five backoff maxima) and notice a holder that expired without a
-      // release. Polling faster would only load the host the handoffs run on.
-      const auto hi = std::max<long long>(1, opts_.backoff_max.count());
-      std::uniform_int_distribution<long long> d(hi / 2, hi);
-      sleep = std::chrono::milliseconds(d(rng));
-    } else {
-      // Full jitter: waiters spread out instead of stampeding in lockstep.
-      const auto cap = std::min<long long>(opts_.backoff_max.count(),
-                                           std::max<long long>(1, opts_.backoff_min.count()) << std::min(tries_, 16));
-      ++tries_;
-      std::uniform_int_distribution<long long> d(0, cap);
-      sleep = std::chrono::milliseconds(d(rng));
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now);
-    if (sleep > left) sleep = left;
-    if (!timer_) timer_.emplace(svc_->client().get_executor());
-    timer_->expires_after(sleep);
-    timer_->async_wait([self = shared_from_this()](boost::system::error_code) {
-      // Cancelled = woken by a release message: try at once either way.
-      if (!self->finished_) self->attempt();
-    });
-  }
-
-  void give_up() {
-    if (opts_.fair && opts_.wait.count() > 0) {
-      // Best effort; a waiter that cannot leave expires from the queue anyway.
-      // A release may have handed us the lock just now: pass it on.
-      std::vector<std::string> keys = {script_keys_[2], script_keys_[3], key_};
-      svc_->client().async_eval(script_leave(), std::move(keys), {entry_, token_},
-                                [svc = svc_, resource = resource_, token = token_](std::error_code ec, redis::Reply r) {
-                                  if (!ec && r.is_integer() && r.integer == 1)
-                                    svc->async_release(resource, token, nullptr, true);
-                                });
-    }
-    finish({}, false, std::nullopt, sent_at_);
-  }
-
-  void finish(std::error_code ec, bool granted, std::optional<std::int64_t> fence, Clock::time_point ttl_from,
-              std::string detail = {}) {
-    if (finished_) return;
-    finished_ = true;
+  void complete(const Machine::Action& a) {
     if (timer_) timer_->cancel();
-    if (registered_) {
-      impl_->unwatch(channel_, this);
-      if (opts_.fair) impl_->granted_by_token.erase(token_);
-    }
-    if (opts_.fair && opts_.wait.count() > 0 && (ec || !granted)) {
-      // Our place may still be queued (an error, or a give-up whose leave did
-      // not arrive): a release that hands it the lock must find it abandoned.
-      impl_->abandon(token_, waiter_lease() * 2);
-      // A grant that came while our failed attempt was in flight made us the
-      // holder already: pass the lock on (best effort; else its TTL frees it).
-      if (granted_) svc_->async_release(resource_, token_, nullptr, true);
-    }
     auto done = std::move(done_);
-    if (ec) {
+    if (a.result == Machine::Result::failed) {
       metrics_->redis_errors_total.inc();
-      return done(redis::to_error(ec, redis::Reply::error_reply(std::move(detail)), svc_->client().address(),
+      return done(redis::to_error(ec_, redis::Reply::error_reply(std::move(detail_)), svc_->client().address(),
                                   "acquire of " + key_),
                   std::nullopt);
     }
-    metrics_->wait_seconds.observe(Clock::now() - started_);
+    metrics_->wait_seconds.observe(clock_.now() - started_);
     // Counted with the wait histogram (whose count is the acquire calls), so
     // contended / calls is the fleet's contention rate.
-    if (saw_busy_) metrics_->contended_total.inc();
-    if (!granted) return done(Error(), std::nullopt);
+    if (m_.saw_busy()) metrics_->contended_total.inc();
+    // Busy for the whole wait (or cancelled: the machine handed back any grant).
+    if (a.result != Machine::Result::granted) return done(Error(), std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
-    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), fence, opts_, ttl_from,
+    auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), a.fence(), opts_, a.at,
                                 ticket_ ? ticket_->epoch : std::string());
     done(Error(), std::move(lock));
   }
 
   std::shared_ptr<LockService> svc_;
+  const MonotonicClock& clock_;
   std::shared_ptr<detail::StateGate> gate_ = std::static_pointer_cast<detail::StateGate>(svc_->gate());
   detail::StateGate::TicketPtr ticket_;  // the gate's check the attempt in flight went out under
-  LockService::Impl* impl_;
+  LockService::Impl* impl_ = nullptr;
   std::string resource_;
   LockOptions opts_;
   LockService::AcquireHandler done_;
-
- public:
-
- private:
+  Machine m_;
   // Only a waiter that has to wait needs a timer: try-once acquires skip it.
   std::optional<asio::steady_timer> timer_;
+  std::uint64_t timer_gen_ = 0;
   std::string key_, token_, channel_, entry_;
   std::vector<std::string> script_keys_;
-  Clock::time_point started_, deadline_, sent_at_, last_busy_sent_;
+  MonotonicClock::time_point started_, sent_at_;
   observe::LockClassMetrics* metrics_ = nullptr;
-  std::optional<std::int64_t> grant_;
-  int tries_ = 0;
-  bool in_flight_ = false, wake_pending_ = false, finished_ = false, registered_ = false, granted_ = false;
-  bool saw_busy_ = false;
+  std::error_code ec_;  // the failure complete(failed) reports
+  std::string detail_;
 };
 
 }  // namespace
 
-LockService::LockService(redis::Client& client, KeyBuilder keys, QuarantineOptions q)
+LockService::LockService(redis::Client& client, LockServiceOptions o)
     : client_(client),
-      keys_(std::move(keys)),
-      max_ttl_(q.max_ttl.count() > 0 ? q.max_ttl : client.options().lock_max_ttl),
-      impl_(std::make_shared<Impl>(client, keys_)) {
+      clock_(o.clock ? o.clock : &MonotonicClock::steady()),
+      registry_(o.metrics ? o.metrics : &observe::Registry::global()),
+      keys_(std::move(o.keys)),
+      max_ttl_(o.quarantine.max_ttl.count() > 0 ? o.quarantine.max_ttl : client.options().lock_max_ttl),
+      impl_(std::make_shared<Impl>(client, keys_, *clock_)) {
   if (max_ttl_ < std::chrono::milliseconds(10))
     throw Error(errc::invalid_argument, fmt::format("max TTL {} ms is below the 10 ms minimum", max_ttl_.count()));
-  if (q.recheck.count() <= 0) throw Error(errc::invalid_argument, "quarantine recheck must be positive");
-  gate_ = std::make_shared<detail::StateGate>(client, max_ttl_, q.recheck);
+  if (o.quarantine.recheck.count() <= 0) throw Error(errc::invalid_argument, "quarantine recheck must be positive");
+  gate_ = std::make_shared<detail::StateGate>(client, max_ttl_, o.quarantine.recheck, *clock_);
+}
+
+observe::LockClassMetrics& LockService::class_metrics(const std::string& lock_class) const {
+  // The registry lookup takes a shared lock and a map search; a service almost
+  // always asks for the same class again, so it remembers the last one. Per
+  // service, not per thread: a thread-local cache keyed by the registry's
+  // address would hand out a dead registry's metrics when a new registry
+  // (a test's) is allocated where an old one was.
+  auto& im = *impl_;
+  if (im.last_metrics == nullptr || im.last_class != lock_class) {
+    im.last_metrics = &registry_->lock_class(lock_class);
+    im.last_class = lock_class;
+  }
+  return *im.last_metrics;
 }
 
 LockService::~LockService() {
@@ -578,12 +541,17 @@ LockService::~LockService() {
 }
 
 std::shared_ptr<LockService> LockService::create(redis::Client& client, KeyBuilder keys, QuarantineOptions q) {
-  return std::shared_ptr<LockService>(new LockService(client, std::move(keys), q));
+  return create(client, LockServiceOptions{.keys = std::move(keys), .quarantine = q});
+}
+
+std::shared_ptr<LockService> LockService::create(redis::Client& client, LockServiceOptions options) {
+  return std::shared_ptr<LockService>(new LockService(client, std::move(options)));
 }
 
 
 Lock LockService::make_lock(std::string resource, std::string key, std::string token,
-                            std::optional<std::int64_t> fence, const LockOptions& opts, Clock::time_point sent_at,
+                            std::optional<std::int64_t> fence, const LockOptions& opts,
+                            MonotonicClock::time_point sent_at,
                             std::string epoch) {
   Lock l;
   l.service_ = shared_from_this();
@@ -697,7 +665,7 @@ Lock::~Lock() {
   // Scope exit is release; fire and forget so a destructor never blocks. If
   // it cannot reach Redis the TTL frees the lock.
   if (held_ && service_) {
-    metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
+    metrics_->hold_seconds.observe(service_->clock().now() - acquired_at_);
     service_->async_release(
         resource_, token_,
         [m = metrics_](const Error& e, bool ours) {
@@ -711,7 +679,7 @@ Lock::~Lock() {
 void Lock::async_release(std::function<void(const Error&, bool)> done) {
   if (!held_) return done(Error(), false);
   held_ = false;
-  metrics_->hold_seconds.observe(Clock::now() - acquired_at_);
+  metrics_->hold_seconds.observe(service_->clock().now() - acquired_at_);
   service_->async_release(
       resource_, token_,
       [done = std::move(done), m = metrics_, key = key_](const Error& e, bool ours) {

@@ -32,8 +32,8 @@ std::string quarantine_message(const std::string& reason, ms left) {
   return fmt::format("server lost lock state ({}); grants refused for {} ms more", reason, left.count());
 }
 
-StateGate::StateGate(redis::Client& client, ms max_ttl, ms recheck)
-    : client_(client), max_ttl_(max_ttl), recheck_(recheck) {}
+StateGate::StateGate(redis::Client& client, ms max_ttl, ms recheck, const MonotonicClock& clock)
+    : client_(client), clock_(clock), max_ttl_(max_ttl), recheck_(recheck) {}
 
 std::uint64_t StateGate::mark() const { return client_.stats().reconnects; }
 
@@ -55,7 +55,7 @@ void StateGate::listen(std::weak_ptr<void> owner, Listener l) {
 
 StateGate::TicketPtr StateGate::ready() {
   if (!ticket_ || ticket_->mark != mark()) return nullptr;
-  const auto now = Clock::now();
+  const auto now = clock_.now();
   if (now < quarantine_until_ || checked_at_ < quarantine_until_) return nullptr;
   if (now >= checked_at_ + recheck_ && !checking_) {
     retries_ = 0;
@@ -65,7 +65,7 @@ StateGate::TicketPtr StateGate::ready() {
 }
 
 void StateGate::admit(Admit cb) {
-  const auto now = Clock::now();
+  const auto now = clock_.now();
   if (ticket_ && ticket_->mark == mark()) {
     // In quarantine on the same connection: the server's answer will not
     // change before the deadline, so do not ask it again.
@@ -111,7 +111,7 @@ void StateGate::check() {
 }
 
 void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r) {
-  const auto now = Clock::now();
+  const auto now = clock_.now();
   if (ec) return settle(ec, r.str, ms(0));
   if (mark() != sent_mark) {
     // Sent on one connection, answered on another (or a reconnect came in

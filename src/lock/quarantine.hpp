@@ -19,6 +19,7 @@
 #include <system_error>
 #include <vector>
 
+#include "jobguard/clock.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::detail {
@@ -41,7 +42,9 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   // A new epoch was found: every lease granted under another one is lost.
   using Listener = std::function<void(const std::string& epoch, const std::string& reason)>;
 
-  StateGate(redis::Client& client, std::chrono::milliseconds max_ttl, std::chrono::milliseconds recheck);
+  // `clock` (the service's) must outlive the gate.
+  StateGate(redis::Client& client, std::chrono::milliseconds max_ttl, std::chrono::milliseconds recheck,
+            const MonotonicClock& clock = MonotonicClock::steady());
 
   void admit(Admit cb);
   // admit()'s common case without a callback: the ticket to grant under
@@ -70,6 +73,7 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   void settle(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in);
 
   redis::Client& client_;
+  const MonotonicClock& clock_;
   const std::chrono::milliseconds max_ttl_, recheck_;
   TicketPtr ticket_;  // the last good check; null before it or after invalidate()
   std::chrono::steady_clock::time_point checked_at_{}, quarantine_until_{};

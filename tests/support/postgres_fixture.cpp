@@ -128,6 +128,19 @@ void PostgresServer::stop() {
                            "stop"}));
 }
 
+void PostgresServer::make_standby() {
+  if (running_) {
+    // A fast (clean) shutdown: recovery from it is consistent at once, so the
+    // standby accepts connections without any WAL from a primary.
+    std::string log;
+    const int rc = run_command(
+        as_postgres({std::string(kBin) + "pg_ctl", "-D", dir_ + "/data", "-m", "fast", "-w", "-t", "30", "stop"}), &log);
+    if (rc != 0) throw std::runtime_error(fmt::format("pg_ctl stop failed ({}): {}", rc, log));
+    running_ = false;
+  }
+  std::ofstream(dir_ + "/data/standby.signal") << "";
+}
+
 PostgresServer& shared_postgres() {
   static std::unique_ptr<PostgresServer> server = [] {
     auto s = std::make_unique<PostgresServer>();

@@ -26,6 +26,11 @@ class PostgresServer {
 
   void start();  // throws std::runtime_error with the tool's log on failure
   void stop();
+  // Shuts the running cluster down cleanly and adds standby.signal, so the
+  // next start() brings it up as a hot standby with no primary: in recovery,
+  // read-only, answering queries (a server configured the bad way for
+  // `jobguard doctor`).
+  void make_standby();
 
   std::uint16_t port() const noexcept { return port_; }
   const std::string& dir() const noexcept { return dir_; }

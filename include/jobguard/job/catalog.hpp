@@ -112,6 +112,12 @@ struct HoldLintOptions {
 std::vector<CatalogFinding> lint_hold_times(const Catalog& catalog, const std::vector<ObservedHold>& observed,
                                             const HoldLintOptions& opts = {});
 
+// Classes whose TTL is above `max_ttl`, the longest TTL the lock Redis's
+// clients accept (the URL option `max_ttl`, default 60 s: the length of the
+// quarantine after lost lock state). Every acquire of such a class is refused
+// (invalid_argument), so each is an error finding.
+std::vector<CatalogFinding> lint_max_ttl(const Catalog& catalog, std::chrono::milliseconds max_ttl);
+
 // The one-page description of a catalog.
 std::string render_markdown(const Catalog& catalog);
 std::string render_html(const Catalog& catalog);

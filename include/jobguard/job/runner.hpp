@@ -53,6 +53,7 @@
 #include <string_view>
 #include <vector>
 
+#include "jobguard/clock.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/job/lock_class.hpp"
 
@@ -87,9 +88,14 @@ struct RunnerBackends {
   observe::EventLog* log = nullptr;
   // Goes into completion records' completed_by. Default "host/pid".
   std::string worker{};
-  // Where the class's numbers are counted. Null (the default): the
-  // process-wide registry that `jobguard serve` and the fleet publisher read.
+  // Where the class's numbers are counted. Null (the default): the lock
+  // service's registry (LockServiceOptions::metrics; by default the
+  // process-wide one that `jobguard serve` and the fleet publisher read).
   observe::Registry* registry = nullptr;
+  // The clock a plain lock's safe time and a run's elapsed time are read
+  // from. Null (the default): the lock service's (LockServiceOptions::clock),
+  // which is the one its grants' acquired_at() is on; another must agree with it.
+  const MonotonicClock* clock = nullptr;
 };
 
 struct Unit {
@@ -231,7 +237,8 @@ class GuardedRunner {
   std::shared_ptr<LeaseScheduler> leases_;
   LockClass cls_;
   RunnerBackends b_;
-  observe::LockClassMetrics* m_ = nullptr;  // b_.registry's (or the global) numbers of cls_
+  observe::LockClassMetrics* m_ = nullptr;  // b_.registry's (or the service's) numbers of cls_
+  const MonotonicClock* clock_ = nullptr;   // b_.clock or the service's
   std::mutex pg_mu_;
   std::vector<std::unique_ptr<guard::PgConnection>> pg_idle_;
 };

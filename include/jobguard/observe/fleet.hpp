@@ -252,6 +252,9 @@ class FleetAccumulator {
  public:
   void add(const FleetSeries& s);
   const std::map<std::string, FleetCounts, std::less<>>& totals() const noexcept { return totals_; }
+  // (class, minute) buckets remembered to compute the next read's gains: at
+  // most one window's minutes per class, however long the exporter runs.
+  std::size_t tracked_buckets() const noexcept { return seen_.size(); }
 
  private:
   std::map<std::string, FleetCounts, std::less<>> totals_;

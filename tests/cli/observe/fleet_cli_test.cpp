@@ -84,10 +84,21 @@ TEST_F(FleetCli, ServeAndStatsCountWhatRunWorkersAndALibraryWorkerDid) {
       ASSERT_TRUE(lock);
       EXPECT_TRUE(lock->release());
     }
+    // Two locks that run out under their holder: one key gone (expired,
+    // here deleted), one taken by another client; each release finds it so.
+    auto gone = svc->acquire("fleet:lib:gone", lo);
+    ASSERT_TRUE(gone);
+    EXPECT_EQ(admin("DEL jobguard:lock:{fleet:lib:gone}"), "1");
+    EXPECT_FALSE(gone->release());
+    auto taken = svc->acquire("fleet:lib:taken", lo);
+    ASSERT_TRUE(taken);
+    EXPECT_EQ(admin("SET jobguard:lock:{fleet:lib:taken} other-host/1/x#00 PX 30000"), "OK");
+    EXPECT_FALSE(taken->release());
   }
 
-  // What happened to class "run": 7 acquire calls, 5 granted (holder, lost
-  // worker, 3 library), 2 busy, 1 lease lost, 4 releases, 5 holds.
+  // What happened to class "run": 9 acquire calls, 7 granted (holder, lost
+  // worker, 5 library), 2 busy, 1 lease lost, 4 releases by the owner, 2
+  // releases that found the key gone or taken, so 3 expired locks; 7 holds.
   // 4. serve, scraped.
   Subprocess serve(jg({"--json", "serve", "--listen", "127.0.0.1:0"}));
   std::uint16_t port = 0;
@@ -117,15 +128,15 @@ TEST_F(FleetCli, ServeAndStatsCountWhatRunWorkersAndALibraryWorkerDid) {
     return it == e.samples.end() ? -1.0 : it->second;
   };
   EXPECT_EQ(e.samples.at("jobguard_fleet_up"), 1);
-  EXPECT_EQ(sample("jobguard_fleet_lock_attempts_total"), 7) << res.body;
-  EXPECT_EQ(sample("jobguard_fleet_lock_acquisitions_total"), 5);
+  EXPECT_EQ(sample("jobguard_fleet_lock_attempts_total"), 9) << res.body;
+  EXPECT_EQ(sample("jobguard_fleet_lock_acquisitions_total"), 7);
   EXPECT_EQ(sample("jobguard_fleet_lock_busy_total"), 2);
   EXPECT_EQ(sample("jobguard_fleet_lock_contended_total"), 2);
   EXPECT_EQ(sample("jobguard_fleet_lock_leases_lost_total"), 1);
-  EXPECT_EQ(sample("jobguard_fleet_lock_released_not_owner_total"), 0);
-  EXPECT_EQ(sample("jobguard_fleet_lock_expired_total"), 1);
+  EXPECT_EQ(sample("jobguard_fleet_lock_released_not_owner_total"), 2);
+  EXPECT_EQ(sample("jobguard_fleet_lock_expired_total"), 3);
   EXPECT_EQ(sample("jobguard_fleet_lock_releases_total"), 4);
-  EXPECT_EQ(sample("jobguard_fleet_lock_hold_seconds_count"), 5);
+  EXPECT_EQ(sample("jobguard_fleet_lock_hold_seconds_count"), 7);
   EXPECT_GT(sample("jobguard_fleet_lock_hold_seconds_sum"), 0);
   EXPECT_EQ(e.type.at("jobguard_fleet_lock_hold_seconds"), "histogram");
   // The process's own families are still there, next to the fleet's.
@@ -141,15 +152,18 @@ TEST_F(FleetCli, ServeAndStatsCountWhatRunWorkersAndALibraryWorkerDid) {
   for (const auto& c : j.at("classes"))
     if (c.at("class") == "run") run = &c;
   ASSERT_NE(run, nullptr) << st.out;
-  EXPECT_EQ(run->at("attempts"), 7);
-  EXPECT_EQ(run->at("acquisitions"), 5);
+  EXPECT_EQ(run->at("attempts"), 9);
+  EXPECT_EQ(run->at("acquisitions"), 7);
   EXPECT_EQ(run->at("busy"), 2);
   EXPECT_EQ(run->at("leases_lost"), 1);
-  EXPECT_EQ(run->at("expired"), 1);
-  EXPECT_EQ(run->at("hold_count"), 5);
-  EXPECT_NEAR(run->at("contention_ratio").get<double>(), 2.0 / 7.0, 1e-9);
+  EXPECT_EQ(run->at("released_not_owner"), 2);
+  EXPECT_EQ(run->at("releases"), 4);
+  EXPECT_EQ(run->at("expired"), 3);
+  EXPECT_EQ(run->at("hold_count"), 7);
+  EXPECT_NEAR(run->at("contention_ratio").get<double>(), 2.0 / 9.0, 1e-9);
   EXPECT_GT(run->at("acquisitions_per_second").get<double>(), 0);
   EXPECT_FALSE(run->at("hold_p99_seconds").is_null());
+  EXPECT_GT(run->at("expired_per_minute").get<double>(), 0);
 
   const auto table = run_jobguard({"--redis", url(), "stats", "--window", "1h"});
   EXPECT_EQ(table.status, 0) << table.err;

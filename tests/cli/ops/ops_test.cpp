@@ -14,6 +14,7 @@
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "support/cli_fixture.hpp"
+#include "support/postgres_fixture.hpp"
 #include "support/subprocess.hpp"
 
 namespace jobguard::test {
@@ -45,6 +46,22 @@ class OpsCli : public CliTest {
     return p;
   }
   void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+  // One catalog entry with every field: a low, unfenced, non-renewing class
+  // whose key pattern is "<name>:{id}".
+  static std::string yaml_class(const std::string& name, const std::string& ttl) {
+    return fmt::format(R"(  - name: {}
+    key: "{}:{{id}}"
+    owner: ops
+    protects: a test resource
+    consequence: low
+    ttl: {}
+    renewal: false
+    hard_timeout: none
+    fencing: false
+    on_redis_down: fail-closed
+    fallback: none
+)", name, name, ttl);
+  }
 };
 
 TEST_F(OpsCli, LocksLsAndShowNameTheHolderOfARun) {
@@ -167,6 +184,27 @@ TEST_F(OpsCli, DoctorExitStatusFollowsTheWorstFinding) {
   EXPECT_EQ(jg({"doctor"}, "redis://host:99999").status, 64);
 }
 
+TEST_F(OpsCli, DoctorWithPostgresChecksItTooAndAnUnmigratedDatabaseFails) {
+  // A fresh cluster of this test binary: jobguard's tables not created yet.
+  const auto pg = shared_postgres().url();
+  auto r = jg({"--postgres", pg, "--json", "doctor"});
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  auto status_of = [](const json& j, const std::string& check) {
+    for (const auto& c : j.at("checks"))
+      if (c.at("check") == check) return c.at("status").get<std::string>();
+    return std::string("missing");
+  };
+  auto j = json::parse(r.out);
+  EXPECT_EQ(status_of(j, "pg_connection"), "OK") << r.out;
+  EXPECT_EQ(status_of(j, "pg_role"), "OK") << r.out;
+  EXPECT_EQ(status_of(j, "pg_schema"), "FAIL") << r.out;
+  EXPECT_EQ(jg({"--postgres", pg, "pg", "migrate"}).status, 0);
+  r = jg({"--postgres", pg, "--json", "doctor"});
+  j = json::parse(r.out);
+  EXPECT_EQ(status_of(j, "pg_schema"), "OK") << r.out;
+  EXPECT_EQ(status_of(j, "pg_role"), "OK") << r.out;
+}
+
 TEST_F(OpsCli, PolicyLintPassesTheExampleCatalog) {
   const auto r = jg({"policy", "lint", kExample});
   EXPECT_EQ(r.status, 0) << r.out << r.err;
@@ -230,18 +268,7 @@ TEST_F(OpsCli, PolicyLintJudgesTtlsByTheFleetsObservedHoldTimes) {
   const auto cat = file("fleet.yaml");
   std::string yaml = "classes:\n";
   for (auto [name, ttl] : {std::pair{"lint-hot", "400ms"}, {"lint-cold", "60s"}, {"lint-fine", "3s"}})
-    yaml += fmt::format(R"(  - name: {}
-    key: "{}:{{id}}"
-    owner: ops
-    protects: a test resource
-    consequence: low
-    ttl: {}
-    renewal: false
-    hard_timeout: none
-    fencing: false
-    on_redis_down: fail-closed
-    fallback: none
-)", name, name, ttl);
+    yaml += yaml_class(name, ttl);
   write(cat, yaml);
   // Without --redis only the declarations are judged: all fine.
   Subprocess offline({jobguard_binary(), "policy", "lint", cat});
@@ -258,6 +285,19 @@ TEST_F(OpsCli, PolicyLintJudgesTtlsByTheFleetsObservedHoldTimes) {
       << r.out;
   EXPECT_EQ(r.out.find("lint-fine"), std::string::npos) << r.out;
   EXPECT_EQ(jg({"policy", "lint", cat, "--window", "7m"}).status, 64);
+}
+
+TEST_F(OpsCli, PolicyLintWithRedisRefusesATtlAboveTheUrlsMaxTtl) {
+  const auto cat = file("long.yaml");
+  write(cat, "classes:\n" + yaml_class("report", "2m"));
+  // The URL's max_ttl defaults to 60s: every acquire of this class is refused.
+  auto r = jg({"policy", "lint", cat});
+  EXPECT_EQ(r.status, 65) << r.out << r.err;
+  EXPECT_NE(r.out.find(cat + ":2: error: class 'report': ttl 2m is above the lock Redis's max TTL 1m"),
+            std::string::npos)
+      << r.out;
+  r = jg({"policy", "lint", cat}, url() + "?max_ttl=5m");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
 }
 
 TEST_F(OpsCli, PolicyDocRendersMarkdownAndHtml) {

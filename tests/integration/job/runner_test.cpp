@@ -560,3 +560,50 @@ TEST_F(RunnerTest, DeclarationsThatBreakTheDecisionMatrixAreRefused) {
   bad_unit({.id = "x", .run_id = ""}, "without run_id");
   bad_unit({.id = "a b", .run_id = "r"}, "invoice:a b");
 }
+
+namespace {
+
+// Injection: the runner reads a plain lock's safe time from the lock
+// service's clock and counts into the service's registry (or its own), so a
+// test crosses a TTL by moving a clock, and its numbers stay out of the
+// process-wide registry.
+TEST_F(RunnerTest, ClockAndRegistryComeFromTheLockServiceOrTheBackends) {
+  ManualClock clock;
+  observe::Registry mine;
+  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .clock = &clock,
+                                                              .metrics = &mine});
+  auto own_leases = LeaseScheduler::create(svc);
+  guard::RedisCompletionStore done(*client, {.prefix = "jgt:clock:done:"});
+  job::GuardedRunner runner(own_leases, low_class(), {.completions = &done});
+  std::chrono::milliseconds before{0}, after{0};
+  bool refused = false;
+  auto r = runner.run({.id = "7", .run_id = "r"}, [&](job::JobContext& ctx) {
+    before = ctx.safe_time_left();
+    clock.advance(6s);  // past the 5 s TTL, without sleeping
+    after = ctx.safe_time_left();
+    try {
+      ctx.ensure();
+    } catch (const Error& e) {
+      refused = e.code() == make_error_code(errc::lease_lost);
+    }
+    return std::string();
+  });
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_GT(before, 4s);
+  EXPECT_EQ(after.count(), 0);
+  EXPECT_TRUE(refused) << "ensure() must refuse once the clock passed the lock's safe time";
+  EXPECT_EQ(r.elapsed, 6s) << "elapsed is read from the same clock";
+  ASSERT_TRUE(mine.snapshot(cls_name()).has_value());
+  EXPECT_EQ(mine.snapshot(cls_name())->acquisitions_total, 1u);
+  EXPECT_FALSE(observe::Registry::global().snapshot(cls_name()).has_value())
+      << "the run counted into the process-wide registry";
+
+  // RunnerBackends::registry wins over the service's.
+  observe::Registry theirs;
+  job::GuardedRunner other(own_leases, low_class(), {.completions = &done, .registry = &theirs});
+  auto r2 = other.run({.id = "7", .run_id = "r"}, [](job::JobContext&) { return std::string(); });
+  EXPECT_EQ(r2.outcome, Outcome::already_done) << r2.detail;
+  ASSERT_TRUE(theirs.snapshot(cls_name()).has_value());
+}
+
+}  // namespace

@@ -106,6 +106,10 @@ TEST_F(AdminTest, LsListsHeldLocksWithTheirHolders) {
   EXPECT_EQ(all.locks[0].fence, a->fence());
   EXPECT_EQ(all.locks[2].resource, "tenant:x");
   EXPECT_GT(all.stats.scan_calls, 1u);  // COUNT 7 over ~55 keys: several round trips
+  // Never KEYS, which blocks the server for the whole keyspace: only SCAN.
+  const auto cmdstats = admin("INFO commandstats");
+  EXPECT_NE(cmdstats.find("cmdstat_scan:calls="), std::string::npos) << cmdstats;
+  EXPECT_EQ(cmdstats.find("cmdstat_keys:"), std::string::npos) << cmdstats;
 
   auto inv = admin::list_locks(*svc, admin::ListOptions{.prefix = "inv:"});
   ASSERT_EQ(inv.locks.size(), 2u);

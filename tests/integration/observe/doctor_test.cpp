@@ -138,6 +138,14 @@ TEST(Doctor, LuaAndPermissionsRefusedByAclFail) {
   EXPECT_EQ(find(rs, "acl").detail.find("PUBLISH"), std::string::npos);
 }
 
+TEST(Doctor, ARenamedEvalFailsTheLuaCheck) {
+  // rename-command EVAL "" (a hardening guide's advice) removes scripting
+  // without any ACL: every jobguard lock operation then fails.
+  auto s = start({"--rename-command", "EVAL", "", "--rename-command", "EVALSHA", ""});
+  const auto rs = doctor(*s, options_for(*s));
+  EXPECT_EQ(find(rs, "lua").status, CheckStatus::fail) << dump(rs);
+}
+
 TEST(Doctor, KeysOutsideThePermittedPatternFailTheAclCheck) {
   auto s = start({});
   ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "ACL SETUSER cacheonly on >pw ~cache:* &* +@all"), "OK");
@@ -244,6 +252,38 @@ TEST_F(DoctorPg, AnUnmigratedDatabaseFailsTheSchemaCheckAndAMigratedOnePasses) {
   rs = check_postgres(url);
   EXPECT_EQ(find(rs, "pg_schema").status, CheckStatus::ok) << dump(rs);
   EXPECT_EQ(find(rs, "pg_clock").status, CheckStatus::ok);
+}
+
+TEST_F(DoctorPg, ABusyProbeAdvisoryLockWarns) {
+  // Another session holds the probe lock, as a second doctor running would.
+  guard::PgConnection other(pg_options());
+  ASSERT_TRUE(other.try_advisory_lock("jobguard-doctor-probe"));
+  auto rs = check_postgres(pg_options().url);
+  EXPECT_EQ(find(rs, "pg_advisory_locks").status, CheckStatus::warn) << dump(rs);
+  other.advisory_unlock("jobguard-doctor-probe");
+  rs = check_postgres(pg_options().url);
+  EXPECT_EQ(find(rs, "pg_advisory_locks").status, CheckStatus::ok) << dump(rs);
+}
+
+TEST_F(DoctorPg, AClockOffsetToTheServerWarns) {
+  // This host's clock is moved, not the server's: the check compares the
+  // server's clock_timestamp() with ours at the round trip's midpoint.
+  DoctorOptions o;
+  o.now = [] { return std::chrono::system_clock::now() + 2s; };
+  const auto rs = check_postgres(pg_options().url, o);
+  EXPECT_EQ(find(rs, "pg_clock").status, CheckStatus::warn) << dump(rs);
+  EXPECT_NE(find(rs, "pg_clock").detail.find("behind"), std::string::npos) << dump(rs);
+}
+
+TEST(DoctorPgStandby, AStandbyFailsTheRoleCheck) {
+  test::PostgresServer pg;
+  pg.start();
+  pg.make_standby();
+  pg.start();  // in recovery, with no primary to follow
+  const auto rs = check_postgres(pg.url());
+  EXPECT_EQ(find(rs, "pg_connection").status, CheckStatus::ok) << dump(rs);
+  EXPECT_EQ(find(rs, "pg_role").status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(find(rs, "pg_role").advice.find("primary"), std::string::npos);
 }
 
 TEST(DoctorPgDown, AnUnreachablePostgresIsOneFailure) {

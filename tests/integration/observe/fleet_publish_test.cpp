@@ -106,6 +106,49 @@ TEST_F(FleetPublish, WindowsSelectTheirMinuteBuckets) {
   EXPECT_TRUE(v[3].empty());
 }
 
+TEST_F(FleetPublish, EachOfTheFourWindowsAddsTheMinutesInsideIt) {
+  // Batches sent 70, 40, 10, 3 minutes before now and now, each a different
+  // power of ten, so every window's sum says exactly which minutes it read.
+  Registry r;
+  FleetPublisher p(*client, pub_opts(r));
+  const auto at = now;
+  for (auto [ago, n] : {std::pair{70min, 10000}, {40min, 1000}, {10min, 100}, {3min, 10}, {0min, 1}}) {
+    now = at - ago;
+    r.lock_class("billing").acquisitions_total.inc(static_cast<std::uint64_t>(n));
+    ASSERT_TRUE(p.flush());
+  }
+  now = at;
+  const std::pair<std::chrono::minutes, std::uint64_t> want[] = {{1min, 1}, {5min, 11}, {15min, 111}, {60min, 1111}};
+  for (const auto& [window, acquisitions] : want) {
+    const auto snap = read(window);
+    const auto* c = snap.find("billing");
+    ASSERT_NE(c, nullptr) << window.count();
+    EXPECT_EQ(c->counts.acquisitions, acquisitions) << window.count() << " min";
+    // The divisor: the window's whole minutes plus 30 s of the current one.
+    EXPECT_DOUBLE_EQ(snap.span_seconds, static_cast<double>(window.count()) * 60 + 30);
+    EXPECT_DOUBLE_EQ(c->acquisitions_per_second(), static_cast<double>(acquisitions) / snap.span_seconds);
+  }
+  // The batch 70 minutes back is past the retention: its bucket is gone from
+  // Redis, not merely outside the windows.
+  EXPECT_EQ(admin("EXISTS {jobguard:fleet}:m:" + std::to_string(base / 60 - 70) + ":billing"), "0");
+}
+
+TEST_F(FleetPublish, APublisherSendsAtMostTheRegistrysClassCap) {
+  // A caller passing lock keys as classes: 200 names into a registry capped
+  // at 8. The batch (and the fleet index in Redis) holds 8 classes plus the
+  // overflow class, however many names were used.
+  Registry r(RegistryOptions{.max_classes = 8});
+  FleetPublisher p(*client, pub_opts(r));
+  for (int i = 0; i < 200; ++i) r.lock_class("invoice:" + std::to_string(i)).acquisitions_total.inc();
+  ASSERT_TRUE(p.flush());
+  EXPECT_EQ(p.stats().classes_sent, 9u);
+  EXPECT_EQ(admin("ZCARD {jobguard:fleet}:classes"), "9");
+  const auto snap = read(1min);
+  const auto* overflow = snap.find(kOverflowClass);
+  ASSERT_NE(overflow, nullptr);
+  EXPECT_EQ(overflow->counts.acquisitions, 192u);
+}
+
 TEST_F(FleetPublish, BucketsExpireAfterTheRetentionAndIdleClassesLeaveTheIndex) {
   Registry r;
   FleetPublisher p(*client, pub_opts(r));

@@ -181,6 +181,18 @@ TEST(Catalog, HoldLintErrorsWhenTheTtlIsTooCloseToTheP99AndWarnsWhenFarTooLong) 
   EXPECT_TRUE(lint_hold_times(cat, {}).empty());
 }
 
+TEST(Catalog, ATtlAboveTheRedisMaxTtlIsAnError) {
+  const auto cat = Catalog::parse(kGood, "cat.yaml");  // ttls 30s and 20s
+  EXPECT_TRUE(lint_max_ttl(cat, 60s).empty());
+  EXPECT_TRUE(lint_max_ttl(cat, 30s).empty());  // equal is accepted, as acquire accepts it
+  EXPECT_EQ(lint_max_ttl(cat, 25s).size(), 1u);
+  const auto f = lint_max_ttl(cat, 10s);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].severity, CatalogFinding::Severity::error);
+  EXPECT_EQ(f[0].line, 2);
+  EXPECT_NE(f[0].message.find("ttl 30s is above the lock Redis's max TTL 10s"), std::string::npos) << f[0].message;
+}
+
 TEST(Catalog, MarkdownAndHtmlDescribeEveryClassAndEscapeText) {
   std::string s = edit("    protects: the charge of one invoice", "    protects: \"<b>charges</b> | refunds\"");
   const auto cat = Catalog::parse(s, "cat.yaml");

@@ -212,6 +212,32 @@ TEST(FleetAccumulatorTest, ForgottenMinutesAreNotCountedAgainByALongerRead) {
   EXPECT_EQ(acc.totals().at("run").acquisitions, 12u);
 }
 
+TEST(FleetAccumulatorTest, MemoryStaysOneWindowPerClassHoweverLongItRuns) {
+  // A day of serve's reads, one per minute, each the last 61 minutes: the
+  // remembered buckets never exceed one window per class, and the totals
+  // count every minute exactly once.
+  FleetAccumulator acc;
+  std::uint64_t published = 0;
+  for (std::int64_t now = 1000; now < 1000 + 24 * 60; ++now) {
+    std::vector<std::int64_t> minutes;
+    std::vector<std::uint64_t> counts;
+    for (std::int64_t m = now - 60; m <= now; ++m) {
+      minutes.push_back(m);
+      counts.push_back(m % 3 + 1);  // each minute's bucket, the same on every read
+    }
+    published += static_cast<std::uint64_t>(now % 3 + 1);
+    auto s = series_of(minutes, "run", counts);
+    s.classes["other"] = s.classes["run"];
+    acc.add(s);
+    ASSERT_LE(acc.tracked_buckets(), 2u * 61u) << "at minute " << now;
+  }
+  // The first read also brought in the 60 minutes before it.
+  std::uint64_t before = 0;
+  for (std::int64_t m = 1000 - 60; m < 1000; ++m) before += static_cast<std::uint64_t>(m % 3 + 1);
+  EXPECT_EQ(acc.totals().at("run").acquisitions, published + before);
+  EXPECT_EQ(acc.totals().at("other").acquisitions, published + before);
+}
+
 TEST(FleetExposition, EveryFamilyHasHelpAndTypeAndClassLabels) {
   std::map<std::string, FleetCounts, std::less<>> totals;
   auto& c = totals["bill\"ing"];
