@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdio>
 #include <map>
 #include <unordered_map>
@@ -21,7 +22,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
   std::string address;
   std::shared_ptr<asio::ssl::context> ssl;
   std::shared_ptr<detail::Connection> conn;  // made on the first subscribe
-  bool closed = false, ever_up = false;
+  asio::steady_timer ping_timer;
+  bool closed = false, ever_up = false, ping_in_flight = false;
   struct Sub {
     std::string channel;
     Handler handler;
@@ -35,7 +37,10 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
   std::string last_reported;  // the refusal reported last; cleared by a success
 
   explicit Impl(Client& c)
-      : ctx(c.context()), opts(c.options()), address(fmt::format("{}:{}", opts.host, opts.port)) {
+      : ctx(c.context()),
+        opts(c.options()),
+        address(fmt::format("{}:{}", opts.host, opts.port)),
+        ping_timer(c.context()) {
     // A context of its own, built from the same options as the client's, so
     // the server is verified the same way (the client validated the files).
     if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
@@ -58,6 +63,29 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
       if (auto self = weak.lock()) self->report(Error(ec, why, error_source::redis));
     });
     conn->start();
+    arm_ping();
+  }
+
+  // The heartbeat (ConnectionOptions::subscriber_ping_interval): one PING at
+  // a time, so timeouts in a row are PINGs in a row. Its reply (["pong", ""]
+  // when subscribed) is matched to it in order like any reply; a timeout is
+  // counted by the connection, which replaces itself after
+  // recycle_after_timeouts of them, and on_up() then resubscribes.
+  void arm_ping() {
+    if (closed || opts.subscriber_ping_interval.count() == 0) return;
+    ping_timer.expires_after(opts.subscriber_ping_interval);
+    std::weak_ptr<Impl> weak = weak_from_this();
+    ping_timer.async_wait([weak](boost::system::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->closed) return;
+      if (!self->ping_in_flight && self->conn->ready()) {
+        self->ping_in_flight = true;
+        self->send(Command{"PING"}, [weak](std::error_code, Reply) {
+          if (auto s = weak.lock()) s->ping_in_flight = false;
+        });
+      }
+      self->arm_ping();
+    });
   }
 
   void report(const Error& e) {
@@ -163,6 +191,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
 
   void close() {
     closed = true;
+    ping_timer.cancel();
     if (conn) conn->close();
     subs.clear();
     ready_waiters.clear();

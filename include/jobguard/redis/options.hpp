@@ -85,6 +85,16 @@ struct ConnectionOptions {
   // moment) count as one timeout; any reply, a late one included, resets the
   // count. Default 3; 0 = never recycle.
   int recycle_after_timeouts = 3;
+  // A subscribed connection sends nothing of its own once its SUBSCRIBEs are
+  // confirmed, so no call of it can time out and the rule above never sees
+  // a frozen link; keepalive does not either when something on the path
+  // still answers for the peer (a proxy, a relay). The subscriber therefore
+  // PINGs (allowed in subscribed mode) at this interval while connected; a
+  // PING unanswered by its deadline counts as a timeout. A frozen subscriber
+  // link is replaced after about recycle_after_timeouts × this interval, and
+  // its subscriptions restored (waiters are told of the reconnect: they may
+  // have missed a release). Default 5 s; 0 = never ping.
+  std::chrono::milliseconds subscriber_ping_interval{5000};
   // Where the client reports what an operator should see (a recycled
   // connection, a reply over a limit): one line, no newline, called on the
   // event loop. Empty = written to stderr.

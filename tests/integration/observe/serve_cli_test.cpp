@@ -21,6 +21,7 @@
 #include "exposition_parser.hpp"
 #include "http_client.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
+#include "support/peers.hpp"
 
 using jobguard::test::http_request;
 using jobguard::test::parse_exposition;
@@ -268,6 +269,55 @@ TEST(ServeCli, WarnsOnANonLoopbackBind) {
   const std::string err = c.drain_stderr();
   EXPECT_NE(err.find("warning"), std::string::npos) << err;
   EXPECT_NE(err.find("reachable from other hosts"), std::string::npos) << err;
+}
+
+// Issue #12 item 6 in a long-lived process: serve's connection to Redis dies
+// silently (a frozen TCP relay: no reset, no FIN, like a dropped NAT entry).
+// /healthz says so, and after the client's three timeouts in a row the
+// connection is replaced: /healthz is 200 again without a restart.
+TEST(ServeCli, HealthzRecoversWhenTheLinkToRedisFreezes) {
+  jobguard::EmbeddedRedis redis;
+  redis.start();
+  jobguard::test::FrozenRelay relay(redis.port());
+  const auto port = free_port();
+  Child c({"--redis", "redis://127.0.0.1:" + std::to_string(relay.port()) + "/0", "serve", "--listen",
+           "127.0.0.1:" + std::to_string(port), "--health-timeout", "300ms"});
+  ASSERT_TRUE(wait_until_serving(port));
+  // Polls /healthz (each answer waits at most the health timeout) until it
+  // gives `status`, for up to a minute of a loaded host.
+  auto health_becomes = [&](int status) {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < until)
+      if (http_request(port, "GET", "/healthz", 10s).status == status) return true;
+    return false;
+  };
+  ASSERT_TRUE(health_becomes(200));
+  const int before = relay.accepted();
+
+  relay.freeze_existing();
+  EXPECT_TRUE(health_becomes(503));
+  EXPECT_TRUE(health_becomes(200)) << "the frozen connection was never replaced";
+  EXPECT_GT(relay.accepted(), before);
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
+  const std::string err = c.drain_stderr();
+  EXPECT_NE(err.find("connection recycled"), std::string::npos) << err;
+}
+
+// The HTTP statuses an operator's probe or a stray client meets at the
+// binary (every 4xx case: MetricsServer.MalformedAndOversizedRequestsGetTheirOwn4xx).
+TEST(ServeCli, UnknownPathsMethodsAndMalformedRequestsGetTheir4xx) {
+  const auto port = free_port();
+  Child c({"--redis", "redis://127.0.0.1:1/0", "serve", "--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(wait_until_serving(port));
+  EXPECT_EQ(http_request(port, "GET", "/nope", 10s).status, 404);
+  EXPECT_EQ(http_request(port, "DELETE", "/metrics", 10s).status, 405);
+  jobguard::test::TcpConn raw(port, 10s);
+  raw.send_all("GARBAGE\r\n\r\n");
+  EXPECT_EQ(jobguard::test::parse_http_response(raw.read_to_eof(10s)).status, 400);
+  EXPECT_EQ(http_request(port, "GET", "/metrics", 10s).status, 200);
+  ASSERT_EQ(::kill(c.pid(), SIGTERM), 0);
+  EXPECT_EQ(c.wait_exit(10s), 0);
 }
 
 // Issue #12 item 10: 64 idle connections locked every scrape out. Now 1,000

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/redis/options.hpp"
 
 namespace jobguard::test {
 
@@ -29,5 +32,24 @@ Error error_of(F&& f) {
   }
   return Error(std::error_code{}, "no exception thrown");
 }
+
+// Collects the client's warning lines (recycled connections, limits hit,
+// refused subscriptions); they arrive on the event loop thread.
+struct Warnings {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  void attach(redis::ConnectionOptions& o) {
+    o.on_warning = [this](const std::string& l) {
+      std::lock_guard g(mu);
+      lines.push_back(l);
+    };
+  }
+  bool any_contains(const std::string& s) {
+    std::lock_guard g(mu);
+    for (auto& l : lines)
+      if (l.find(s) != std::string::npos) return true;
+    return false;
+  }
+};
 
 }  // namespace jobguard::test

@@ -1,14 +1,21 @@
 // The client against a hostile server (replies over the reply limits) and a
 // frozen link (a TCP relay that stops forwarding): issue #12 items 5 and 6.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
+#include <filesystem>
+#include <future>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "helpers.hpp"
 #include "jobguard/redis/client.hpp"
-#include "peers.hpp"
+#include "jobguard/redis/subscriber.hpp"
+#include "support/peers.hpp"
 #include "support/redis_fixture.hpp"
 
 using namespace jobguard;
@@ -16,24 +23,6 @@ using namespace jobguard::redis;
 using namespace jobguard::test;
 
 namespace {
-
-// Collects the client's warning lines (recycled connections, limits hit).
-struct Warnings {
-  std::mutex mu;
-  std::vector<std::string> lines;
-  void attach(ConnectionOptions& o) {
-    o.on_warning = [this](const std::string& l) {
-      std::lock_guard g(mu);
-      lines.push_back(l);
-    };
-  }
-  bool any_contains(const std::string& s) {
-    std::lock_guard g(mu);
-    for (auto& l : lines)
-      if (l.find(s) != std::string::npos) return true;
-    return false;
-  }
-};
 
 ConnectionOptions to_port(std::uint16_t port) {
   ConnectionOptions o;
@@ -44,6 +33,39 @@ ConnectionOptions to_port(std::uint16_t port) {
   o.command_timeout = Ms(10000);
   o.connect_timeout = Ms(5000);
   return o;
+}
+
+// The keepalive settings of every socket of this process connected to
+// 127.0.0.1:`port`: the client's connections are this process' own
+// descriptors, so the test reads what the kernel was told.
+struct Keepalive {
+  int on = -1, idle = -1, interval = -1, probes = -1;
+};
+std::vector<Keepalive> keepalive_of_sockets_to(std::uint16_t port) {
+  std::vector<Keepalive> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_in peer{};
+    socklen_t len = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0 || peer.sin_family != AF_INET ||
+        ntohs(peer.sin_port) != port)
+      continue;
+    Keepalive k;
+    socklen_t n = sizeof(int);
+    ::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &k.on, &n);
+    ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k.idle, &n);
+    ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k.interval, &n);
+    ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k.probes, &n);
+    out.push_back(k);
+  }
+  return out;
 }
 
 // Three calls in flight meet the hostile reply: each fails with a protocol
@@ -107,6 +129,39 @@ TEST(RedisReplyLimits, OutOfRangeLimitsAreRefusedAtConstruction) {
 }
 
 class RedisLiveness : public RedisTest {};
+
+// Issue #12: TCP keepalive on every connection, the subscriber's included, so
+// a peer that vanished is noticed by the kernel while no call is in flight.
+TEST_F(RedisLiveness, ClientAndSubscriberConnectionsCarryTheConfiguredKeepalive) {
+  ConnectionOptions o = options();
+  o.keepalive_idle = std::chrono::seconds(7);  // not the kernel's default (7200)
+  o.keepalive_interval = std::chrono::seconds(3);
+  o.keepalive_probes = 4;
+  Client c(o);
+  EXPECT_EQ(c.exec(Command{"PING"}).str, "PONG");
+  Subscriber sub(c);
+  std::promise<void> ready;
+  sub.subscribe("t:keepalive", [](const std::string&, const std::string&) {}, [&] { ready.set_value(); });
+  ASSERT_EQ(ready.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const auto socks = keepalive_of_sockets_to(server->port());
+  ASSERT_GE(socks.size(), 2u) << "the client's and the subscriber's connections";
+  for (const auto& k : socks) {
+    EXPECT_EQ(k.on, 1);
+    EXPECT_EQ(k.idle, 7);
+    EXPECT_EQ(k.interval, 3);
+    EXPECT_EQ(k.probes, 4);
+  }
+}
+
+TEST_F(RedisLiveness, KeepaliveOffLeavesTheSocketWithoutIt) {
+  ConnectionOptions o = options();
+  o.keepalive = false;
+  Client c(o);
+  EXPECT_EQ(c.exec(Command{"PING"}).str, "PONG");
+  const auto socks = keepalive_of_sockets_to(server->port());
+  ASSERT_FALSE(socks.empty());
+  for (const auto& k : socks) EXPECT_EQ(k.on, 0);
+}
 
 TEST_F(RedisLiveness, FrozenLinkIsRecycledAfterConsecutiveTimeoutsAndCallsSucceedAgain) {
   FrozenRelay relay(server->port());
