@@ -147,13 +147,15 @@ TEST_F(RedisSubscriber, FrozenLinkIsRecycledByTheHeartbeatAndTheSubscriptionRest
   o.recycle_after_timeouts = 3;
   Warnings warnings;
   warnings.attach(o);
-  Client c(o);
-  Subscriber sub(c);
+  // Declared before the client: its loop thread may still deliver a message
+  // (one of the repeated PUBLISHes below) until the client is destroyed.
   std::atomic<int> reconnects{0};
-  sub.set_on_reconnect([&] { ++reconnects; });
   std::mutex mu;
   std::set<std::string> got;
   std::promise<void> ready;
+  Client c(o);
+  Subscriber sub(c);
+  sub.set_on_reconnect([&] { ++reconnects; });
   sub.subscribe(
       key("ch"),
       [&](const std::string&, const std::string& msg) {
