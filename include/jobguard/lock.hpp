@@ -216,6 +216,10 @@ class Lock {
   // Forget the lock without releasing it (it expires by its TTL). For a
   // process that forks and hands the lock to a child, or for tests.
   void detach() noexcept { held_ = false; }
+  // Internal, for src/job: a script of the library's released the lock
+  // (release.lua inside a guarded job's finish); `ours` is what its
+  // compare-and-delete found. Counted as release() counts, then forgotten.
+  void released_by_script(bool ours) noexcept;
 
  private:
   friend class LockService;
