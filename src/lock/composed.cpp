@@ -17,10 +17,6 @@ extern const std::string_view release;
 
 namespace detail {
 namespace {
-std::string as_function(std::string_view name, std::string_view body) {
-  return fmt::format("local function {}(KEYS, ARGV)\n{}\nend\n", name, body);
-}
-
 void answer(LockService& svc, ComposedHandler done, Error e, ComposedResult r) {
   // Posted: a caller's completion never runs inside its initiating call.
   boost::asio::post(svc.client().get_executor(),
@@ -28,8 +24,11 @@ void answer(LockService& svc, ComposedHandler done, Error e, ComposedResult r) {
 }
 }  // namespace
 
-std::string acquire_as_function() { return as_function("acquire", lock_scripts::acquire); }
-std::string release_as_function() { return as_function("release", lock_scripts::release); }
+std::string as_lua_function(std::string_view name, std::string_view body) {
+  return fmt::format("local function {}(KEYS, ARGV)\n{}\nend\n", name, body);
+}
+std::string acquire_as_function() { return as_lua_function("acquire", lock_scripts::acquire); }
+std::string release_as_function() { return as_lua_function("release", lock_scripts::release); }
 
 void async_attempt_composed(LockService& svc, std::string resource, const LockOptions& opts, ComposedAttempt c,
                             ComposedHandler done) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "jobguard/error.hpp"
@@ -26,6 +27,8 @@ namespace jobguard::detail {
 // the globals, so each reads the keys and arguments it is given.
 std::string acquire_as_function();
 std::string release_as_function();
+// Any script's text as `local function <name>(KEYS, ARGV) ... end`.
+std::string as_lua_function(std::string_view name, std::string_view body);
 
 // A try-once, non-fair grant attempt through `script`, which gets acquire.lua's
 // four keys and eight arguments first (pass them to acquire() as they are)
