@@ -84,13 +84,23 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
 struct AuditRecord {
   std::string id;              // stream entry id; its first part is the unix time in ms
   std::int64_t at_ms = 0;
+  // "force_release" (also for records written before actions had names), or
+  // another operator action ("retry_dead_letter": the dashboard's retry).
+  std::string action = "force_release";
   std::string resource, holder, who, reason;
   std::int64_t fence = 0;      // the fence the release advanced to
   std::int64_t ttl_left_ms = 0;
+  std::string job;             // retry_dead_letter: "<dead-letter id> -> <new id>"
 };
 
-// The newest `count` force releases, newest first.
+// The newest `count` audit records (force releases and other operator
+// actions), newest first.
 std::vector<AuditRecord> read_audit(LockService& service, std::size_t count = 100);
+
+// Appends an operator action other than a force release (which its script
+// records atomically) to the audit stream: action, resource, job, who,
+// reason (required: Error(invalid_argument) without one). Returns the entry id.
+std::string append_audit(LockService& service, const AuditRecord& record, std::size_t maxlen = 10000);
 
 // --- what `jobguard locks` prints (pure; any thread) -----------------------------
 // The CLI is a thin layer over these, so another tool (a chat bot, a web page)

@@ -183,10 +183,23 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
       else if (name == "reason") a.reason = v;
       else if (name == "fence") a.fence = to_i64(v);
       else if (name == "ttl_left_ms") a.ttl_left_ms = to_i64(v);
+      else if (name == "action") a.action = v;
+      else if (name == "job") a.job = v;
     }
     out.push_back(std::move(a));
   }
   return out;
+}
+
+std::string append_audit(LockService& service, const AuditRecord& record, std::size_t maxlen) {
+  if (record.reason.empty())
+    throw Error(errc::invalid_argument, fmt::format("{} of {}: a reason is required", record.action, record.resource));
+  if (maxlen == 0) throw Error(errc::invalid_argument, "audit maxlen must be >= 1");
+  const std::string who = record.who.empty() ? default_who() : record.who;
+  redis::Command cmd{"XADD", audit_key(service.keys()), "MAXLEN", "~", std::to_string(maxlen), "*",
+                     "action", record.action, "resource", record.resource, "job", record.job,
+                     "who", who, "reason", record.reason};
+  return service.client().exec(std::move(cmd)).str;
 }
 
 }  // namespace admin
