@@ -191,6 +191,47 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
   return out;
 }
 
+std::string incidents_key(const KeyBuilder& keys) { return keys.prefix() + ":incidents"; }
+
+void record_incident(redis::Client& client, const KeyBuilder& keys, const Incident& incident) {
+  const auto cut = [](const std::string& v) { return v.size() > 512 ? v.substr(0, 512) : v; };
+  try {
+    redis::Command cmd{"XADD", incidents_key(keys), "MAXLEN", "~", "10000", "*",
+                       "kind", cut(incident.kind), "resource", cut(incident.resource), "job", cut(incident.job),
+                       "class", cut(incident.lock_class), "detail", cut(incident.detail)};
+    // Whoever records an incident is already handling a failure: a second
+    // one (Redis unreachable, an ACL without XADD) must not add to it.
+    client.async_exec(std::move(cmd), [](std::error_code, const redis::Reply&) {});
+  } catch (const std::exception&) {
+  }
+}
+
+std::vector<Incident> read_incidents(LockService& service, std::size_t count) {
+  std::vector<Incident> out;
+  if (count == 0) return out;
+  auto r = service.client().exec(
+      redis::Command{"XREVRANGE", incidents_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
+  if (!r.is_array()) return out;
+  for (const auto& entry : r.elements) {
+    if (!entry.is_array() || entry.elements.size() != 2) continue;
+    Incident in;
+    in.id = entry.elements[0].str;
+    in.at_ms = to_i64(std::string_view(in.id).substr(0, in.id.find('-')));
+    const auto& f = entry.elements[1].elements;
+    for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
+      const auto& name = f[i].str;
+      const auto& v = f[i + 1].str;
+      if (name == "kind") in.kind = v;
+      else if (name == "resource") in.resource = v;
+      else if (name == "job") in.job = v;
+      else if (name == "class") in.lock_class = v;
+      else if (name == "detail") in.detail = v;
+    }
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
 std::string append_audit(LockService& service, const AuditRecord& record, std::size_t maxlen) {
   if (record.reason.empty())
     throw Error(errc::invalid_argument, fmt::format("{} of {}: a reason is required", record.action, record.resource));

@@ -189,8 +189,9 @@ struct Dashboard::Impl {
     const Params p(req.query, {"limit"});
     const std::size_t limit = p.count("limit", 200, 1, 10000);
     const auto audit = admin::read_audit(*locks, limit);
+    const auto recorded = admin::read_incidents(*locks, limit);
     const auto series = fleet.series(std::chrono::minutes(60));
-    return json_response(200, dash::incidents_json(audit, series, limit));
+    return json_response(200, dash::incidents_json(audit, recorded, series, limit));
   }
 
   job::StreamSource& stream_param(const Params& p) {

@@ -72,10 +72,14 @@ std::string locks_json(const admin::ListResult& res, CatalogPtr catalog, bool tr
 std::string classes_json(const FleetSeries& hour, WallClock::time_point now, std::chrono::minutes window,
                          CatalogPtr catalog);
 
-// /api/incidents: operator actions from the audit stream (with key, holder,
-// who, why) and, per class and minute, lost leases, stale fencing tokens
-// rejected and fail-open runs, newest first, at most `limit`.
-std::string incidents_json(const std::vector<admin::AuditRecord>& audit, const FleetSeries& hour, std::size_t limit);
+// /api/incidents: "incidents", one per event with its key, job and time —
+// operator actions from the audit stream and the lost leases, stale fencing
+// tokens and fail-open runs the library recorded (admin::record_incident) —
+// newest first, at most `limit`; and "counts", the fleet's per-class,
+// per-minute counts of the same kinds over the hour (every event, recorded
+// or not).
+std::string incidents_json(const std::vector<admin::AuditRecord>& audit, const std::vector<admin::Incident>& recorded,
+                           const FleetSeries& hour, std::size_t limit);
 
 // One stream of /api/jobs.
 struct StreamView {

@@ -184,7 +184,8 @@ std::string classes_json(const FleetSeries& hour, WallClock::time_point now, std
   return dump(out);
 }
 
-std::string incidents_json(const std::vector<admin::AuditRecord>& audit, const FleetSeries& hour, std::size_t limit) {
+std::string incidents_json(const std::vector<admin::AuditRecord>& audit, const std::vector<admin::Incident>& recorded,
+                           const FleetSeries& hour, std::size_t limit) {
   std::vector<std::pair<std::int64_t, Json>> rows;
   for (const auto& a : audit)
     rows.emplace_back(a.at_ms, Json{{"at_ms", a.at_ms},
@@ -193,23 +194,29 @@ std::string incidents_json(const std::vector<admin::AuditRecord>& audit, const F
                                     {"job", shown(a.action == "force_release" ? a.holder : a.job)},
                                     {"who", shown(a.who)},
                                     {"reason", shown(a.reason)},
-                                    {"fence", a.fence},
-                                    {"audit_id", a.id}});
-  // The fleet counts these per class and minute (a key per event would cost
-  // every process a write per event): the timeline shows how many, when.
+                                    {"id", a.id}});
+  for (const auto& i : recorded)
+    rows.emplace_back(i.at_ms, Json{{"at_ms", i.at_ms},
+                                    {"kind", shown(i.kind)},
+                                    {"key", shown(i.resource)},
+                                    {"job", shown(i.job)},
+                                    {"class", shown(i.lock_class)},
+                                    {"detail", shown(i.detail)},
+                                    {"id", i.id}});
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  if (rows.size() > limit) rows.resize(limit);
+  Json out{{"incidents", Json::array()}, {"counts", Json::array()}};
+  for (auto& [_, j] : rows) out["incidents"].push_back(std::move(j));
   for (const auto& [name, minutes] : hour.classes)
     for (std::size_t i = 0; i < minutes.size() && i < hour.minutes.size(); ++i) {
-      const std::int64_t at = hour.minutes[i] * 60000;
       const std::pair<const char*, std::uint64_t> kinds[] = {{"lease_lost", minutes[i].leases_lost},
                                                              {"stale_fence_rejected", minutes[i].stale_writes_rejected},
                                                              {"fail_open", minutes[i].fail_open}};
       for (const auto& [kind, n] : kinds)
-        if (n > 0) rows.emplace_back(at, Json{{"at_ms", at}, {"kind", kind}, {"class", shown(name)}, {"count", n}});
+        if (n > 0)
+          out["counts"].push_back(
+              Json{{"at_ms", hour.minutes[i] * 60000}, {"kind", kind}, {"class", shown(name)}, {"count", n}});
     }
-  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  if (rows.size() > limit) rows.resize(limit);
-  Json out{{"incidents", Json::array()}};
-  for (auto& [_, j] : rows) out["incidents"].push_back(std::move(j));
   return dump(out);
 }
 

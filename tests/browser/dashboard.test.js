@@ -310,6 +310,12 @@ async function main() {
   const victimExit = await Promise.race([victim.exited, sleep(10000).then(() => 'still running')]);
   log(`the force-released \`jobguard run\` ended: ${victimExit}`);
   victim.kill('SIGKILL');
+  if (victimExit !== 70) fail(`the force-released \`jobguard run\` ended ${victimExit}, not 70 (lease lost)`);
+  // Its lease's loss is on the timeline with its key and job.
+  const lost = page.locator('#incident-list li[data-kind="lease_lost"][data-key="dash:victim"]');
+  await eventually('the lost lease on the timeline', () => lost.count(), 5000);
+  const lostText = await lost.first().textContent();
+  if (!lostText.includes(`${os.hostname()}/${victim.pid}/browser-victim`)) fail(`lost lease entry reads "${lostText}"`);
 
   // 4. Jobs: a dead letter's fields, then a retry (audited too).
   const dead = page.locator(`#stream-list tr[data-dead="${deadId}"]`);

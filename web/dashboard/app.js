@@ -361,25 +361,34 @@ const KIND_TEXT = {
 async function refreshIncidents() {
   const data = await api('/api/incidents?limit=200');
   const items = data.incidents;
-  $('incidents-empty').hidden = items.length > 0;
+  $('incidents-empty').hidden = items.length > 0 || data.counts.length > 0;
   $('incident-list').replaceChildren(...items.map((i) => {
-    const what = i.key !== undefined
+    const what = i.who !== undefined
       ? `${i.key}${i.job ? ` · ${i.job}` : ''} · by ${i.who}: ${i.reason}`
-      : `${i.count} in class ${i.class} during this minute`;
+      : `${i.key} · ${i.job}${i.class ? ` · class ${i.class}` : ''}${i.detail ? ` · ${i.detail}` : ''}`;
     return el('li', { 'data-kind': i.kind, 'data-key': i.key || '' },
       el('span', { class: 'num' }, when(i.at_ms)), el('span', { class: `kind ${i.kind}` }, KIND_TEXT[i.kind] || i.kind),
       el('span', {}, what));
   }));
+  // The strip: the fleet's counts per minute (every event, recorded or not)
+  // as bars, the single records as dots.
   const strip = $('incident-strip');
   const now = Date.now(), hour = 3600 * 1000;
+  const x = (at) => (600 * (hour - (now - at))) / hour;
   const marks = [];
   for (let m = 0; m <= 60; m += 10) marks.push(svg('line', { class: 'tick', x1: m * 10, y1: 0, x2: m * 10, y2: 40 }));
-  for (const i of items) {
-    const age = now - i.at_ms;
-    if (age > hour) continue;
-    marks.push(svg('circle', { class: i.kind, cx: (600 * (hour - age)) / hour, cy: 20, r: i.count ? Math.min(8, 3 + Math.log2(i.count)) : 4 }));
+  const total = {};
+  for (const c of data.counts) {
+    total[c.kind] = (total[c.kind] || 0) + c.count;
+    if (now - c.at_ms > hour) continue;
+    const h = Math.min(36, 6 + 6 * Math.log2(c.count));
+    marks.push(svg('rect', { class: c.kind, x: x(c.at_ms), y: 40 - h, width: 9, height: h }));
   }
+  for (const i of items) if (now - i.at_ms <= hour) marks.push(svg('circle', { class: i.kind, cx: x(i.at_ms), cy: 12, r: 4 }));
   strip.replaceChildren(...marks);
+  $('incident-counts').textContent = Object.keys(total).length
+    ? `the fleet counted in the last hour: ${Object.entries(total).map(([k, n]) => `${n} ${KIND_TEXT[k] || k}`).join(', ')}`
+    : 'the fleet counted no lost lease, stale fence or fail-open run in the last hour';
 }
 
 // --- jobs ----------------------------------------------------------------------------

@@ -103,7 +103,7 @@ TEST(DashboardJson, LocksCarryTheListingAndTheCatalogsClasses) {
   EXPECT_EQ(json::parse(locks_json(admin::ListResult{}, nullptr, false)).at("locks"), json::array());
 }
 
-TEST(DashboardJson, IncidentsMergeAuditAndFleetCountsNewestFirst) {
+TEST(DashboardJson, IncidentsMergeAuditAndRecordsNewestFirstBesideTheFleetsCounts) {
   FleetSeries hour;
   hour.minutes = {1000, 1001};
   FleetCounts lost;
@@ -113,19 +113,30 @@ TEST(DashboardJson, IncidentsMergeAuditAndFleetCountsNewestFirst) {
   open.stale_writes_rejected = 3;
   hour.classes["billing"] = {lost, open};
   admin::AuditRecord a;
-  a.at_ms = 1000 * 60000 + 30000;  // between the two minutes
+  a.at_ms = 1000 * 60000 + 30000;
   a.resource = "invoice:1";
   a.holder = "web-3/1/x";
   a.who = "ops@host via dashboard";
   a.reason = "gone";
-  const auto j = json::parse(incidents_json({a}, hour, 10)).at("incidents");
-  ASSERT_EQ(j.size(), 4u);
-  EXPECT_EQ(j[0].at("at_ms"), 1001 * 60000);
-  EXPECT_EQ(j[2].at("kind"), "force_release");
-  EXPECT_EQ(j[2].at("job"), "web-3/1/x");
-  EXPECT_EQ(j[3].at("kind"), "lease_lost");
-  EXPECT_EQ(j[3].at("count"), 2);
-  EXPECT_EQ(json::parse(incidents_json({a}, hour, 1)).at("incidents").size(), 1u);
+  admin::Incident older{.id = "1-0", .at_ms = 1000 * 60000 + 10000, .kind = "lease_lost", .resource = "invoice:1",
+                        .job = "web-3/1/x", .lock_class = "billing", .detail = "key gone"};
+  admin::Incident newer = older;
+  newer.at_ms += 40000;
+  newer.kind = "fail_open";
+  const auto j = json::parse(incidents_json({a}, {newer, older}, hour, 10));
+  const auto& inc = j.at("incidents");
+  ASSERT_EQ(inc.size(), 3u);
+  EXPECT_EQ(inc[0].at("kind"), "fail_open");
+  EXPECT_EQ(inc[1].at("kind"), "force_release");
+  EXPECT_EQ(inc[1].at("job"), "web-3/1/x");
+  EXPECT_EQ(inc[2].at("kind"), "lease_lost");
+  EXPECT_EQ(inc[2].at("key"), "invoice:1");
+  const auto& counts = j.at("counts");
+  ASSERT_EQ(counts.size(), 3u);
+  EXPECT_EQ(counts[0].at("kind"), "lease_lost");
+  EXPECT_EQ(counts[0].at("count"), 2);
+  EXPECT_EQ(counts[0].at("at_ms"), 1000 * 60000);
+  EXPECT_EQ(json::parse(incidents_json({a}, {newer, older}, hour, 1)).at("incidents").size(), 1u);
 }
 
 TEST(DashboardJson, ClassesSumTheWindowAndKeepAPointPerMinute) {
