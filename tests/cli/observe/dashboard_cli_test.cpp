@@ -12,6 +12,7 @@
 
 #include "integration/observe/http_client.hpp"
 #include "jobguard/admin.hpp"
+#include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/command.hpp"
 #include "support/cli_fixture.hpp"
@@ -219,6 +220,34 @@ TEST_F(DashboardCli, DeadLetterFieldsAndRetry) {
   ASSERT_EQ(inc.size(), 1u);
   EXPECT_EQ(inc[0].at("kind"), "retry_dead_letter");
   EXPECT_EQ(inc[0].at("job"), dead + " -> " + new_id);
+}
+
+TEST_F(DashboardCli, ALostLeaseIsOnTheTimelineWithItsKeyAndHolder) {
+  auto client = make_client();
+  auto locks = LockService::create(*client);
+  auto leases = LeaseScheduler::create(locks);
+  auto lease = leases->acquire("invoice:10", {.ttl = 600ms, .fence = true});
+  ASSERT_TRUE(lease);
+  admin::ForceReleaseOptions fo;
+  fo.reason = "test: take it away";
+  ASSERT_EQ(admin::force_release(*locks, "invoice:10", fo).outcome, admin::ForceReleaseResult::Outcome::released);
+  // Its next renewal (ttl/3) finds the key gone.
+  ASSERT_TRUE(eventually([&] { return lease->lost(); }, 5s));
+  const auto port = serve(false);
+  json lost;
+  ASSERT_TRUE(eventually([&] {
+    const auto all = json::parse(request(port, "GET", "/api/incidents").body);
+    for (const auto& i : all.at("incidents"))
+      if (i.at("kind") == "lease_lost") lost = i;
+    return !lost.is_null();
+  }, 5s));
+  EXPECT_EQ(lost.at("key"), "invoice:10");
+  EXPECT_EQ(lost.at("job"), token_owner(lease->token()));
+  EXPECT_NE(lost.at("detail").get<std::string>().find("lost"), std::string::npos);
+  // The force release that caused it is there too, older.
+  const auto inc = json::parse(request(port, "GET", "/api/incidents").body).at("incidents");
+  ASSERT_EQ(inc.size(), 2u);
+  EXPECT_EQ(inc[1].at("kind"), "force_release");
 }
 
 TEST(DashboardCliUsage, AShortOrUnreadableTokenFileIsAUsageError) {
