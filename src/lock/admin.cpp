@@ -77,6 +77,18 @@ std::vector<LockInfo> inspect_batch(LockService& service, const std::vector<std:
   return std::move(sh->out);
 }
 
+// Each entry of an XRANGE/XREVRANGE reply: its id, its time (the id's first
+// part, unix ms) and its fields as a flat name, value, ... list.
+template <class Fn>
+void for_each_entry(const redis::Reply& r, Fn fn) {
+  if (!r.is_array()) return;
+  for (const auto& entry : r.elements) {
+    if (!entry.is_array() || entry.elements.size() != 2) continue;
+    const std::string& id = entry.elements[0].str;
+    fn(id, to_i64(std::string_view(id).substr(0, id.find('-'))), entry.elements[1].elements);
+  }
+}
+
 }  // namespace
 
 std::string audit_key(const KeyBuilder& keys) { return keys.prefix() + ":audit"; }
@@ -167,13 +179,10 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
   auto r = service.client().exec(
       redis::Command{"XREVRANGE", audit_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
   std::vector<AuditRecord> out;
-  if (!r.is_array()) return out;
-  for (const auto& entry : r.elements) {
-    if (!entry.is_array() || entry.elements.size() != 2) continue;
+  for_each_entry(r, [&](const std::string& id, std::int64_t at_ms, const std::vector<redis::Reply>& f) {
     AuditRecord a;
-    a.id = entry.elements[0].str;
-    a.at_ms = to_i64(std::string_view(a.id).substr(0, a.id.find('-')));
-    const auto& f = entry.elements[1].elements;
+    a.id = id;
+    a.at_ms = at_ms;
     for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
       const auto& name = f[i].str;
       const auto& v = f[i + 1].str;
@@ -187,7 +196,7 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
       else if (name == "job") a.job = v;
     }
     out.push_back(std::move(a));
-  }
+  });
   return out;
 }
 
@@ -211,13 +220,10 @@ std::vector<Incident> read_incidents(LockService& service, std::size_t count) {
   if (count == 0) return out;
   auto r = service.client().exec(
       redis::Command{"XREVRANGE", incidents_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
-  if (!r.is_array()) return out;
-  for (const auto& entry : r.elements) {
-    if (!entry.is_array() || entry.elements.size() != 2) continue;
+  for_each_entry(r, [&](const std::string& id, std::int64_t at_ms, const std::vector<redis::Reply>& f) {
     Incident in;
-    in.id = entry.elements[0].str;
-    in.at_ms = to_i64(std::string_view(in.id).substr(0, in.id.find('-')));
-    const auto& f = entry.elements[1].elements;
+    in.id = id;
+    in.at_ms = at_ms;
     for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
       const auto& name = f[i].str;
       const auto& v = f[i + 1].str;
@@ -228,7 +234,7 @@ std::vector<Incident> read_incidents(LockService& service, std::size_t count) {
       else if (name == "detail") in.detail = v;
     }
     out.push_back(std::move(in));
-  }
+  });
   return out;
 }
 

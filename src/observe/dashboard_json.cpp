@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jobguard/job/catalog.hpp"
+#include "jobguard/observe/json.hpp"
 #include "jobguard/text.hpp"
 #include "observe/dashboard_internal.hpp"
 
@@ -12,7 +13,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-Json opt_num(std::optional<double> v) { return v ? Json(*v) : Json(); }
 
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -161,25 +161,11 @@ std::string classes_json(const FleetSeries& hour, WallClock::time_point now, std
       }
     }
     const auto* declared = catalog ? catalog->find(name) : nullptr;
-    const auto& n = s.counts;
-    out["classes"].push_back(Json{
-        {"class", shown(name)},
-        {"declared_ttl_ms", declared ? Json(declared->lock_class.ttl.count()) : Json()},
-        {"acquisitions_per_second", s.acquisitions_per_second()},
-        {"contention_ratio", opt_num(s.contention_ratio())},
-        {"hold_p50_seconds", opt_num(s.hold_quantile_seconds(0.5))},
-        {"hold_p99_seconds", opt_num(s.hold_quantile_seconds(0.99))},
-        {"expired_per_minute", s.expired_per_minute()},
-        {"attempts", n.attempts},
-        {"acquisitions", n.acquisitions},
-        {"contended", n.contended},
-        {"releases", n.releases},
-        {"expired", n.expired()},
-        {"leases_lost", n.leases_lost},
-        {"renewals", n.renewals},
-        {"fail_open", n.fail_open},
-        {"stale_writes_rejected", n.stale_writes_rejected},
-        {"series", std::move(series)}});
+    Json j = to_json(s);
+    j["class"] = shown(name);
+    j["declared_ttl_ms"] = declared ? Json(declared->lock_class.ttl.count()) : Json();
+    j["series"] = std::move(series);
+    out["classes"].push_back(std::move(j));
   }
   return dump(out);
 }

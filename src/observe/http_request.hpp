@@ -1,4 +1,4 @@
-// Sans-IO HTTP/1.x for the metrics server: request bytes in, requests or an
+// Sans-IO HTTP/1.x for the metrics server and the dashboard: request bytes in, requests or an
 // error status out; a route table that turns a request into a response; the
 // response's bytes. No sockets, so the whole request path is tested and
 // fuzzed by feeding it bytes (tests/unit/observe/http_request_test.cpp,
