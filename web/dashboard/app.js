@@ -318,6 +318,12 @@ function plot(series, opts = {}) {
       d += `${d && ser.values[i - 1] !== null && ser.values[i - 1] !== undefined ? 'L' : 'M'}${x(i).toFixed(1)},${y(v).toFixed(1)}`;
     });
     if (d) s.append(svg('path', { class: k ? 'line2' : 'line', d }));
+    // A minute with no neighbour (the first minute of a class) is a dot, not an invisible line.
+    const gap = (i) => ser.values[i] === null || ser.values[i] === undefined;
+    ser.values.forEach((v, i) => {
+      if (!gap(i) && (i === 0 || gap(i - 1)) && (i === ser.values.length - 1 || gap(i + 1)))
+        s.append(svg('circle', { class: k ? 'dot2' : 'dot', cx: x(i), cy: y(v), r: 2 }));
+    });
   });
   const label = svg('text', { x: W - 2, y: 9, 'text-anchor': 'end' });
   label.textContent = opts.label ? opts.label(max) : '';
