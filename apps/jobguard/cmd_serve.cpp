@@ -94,10 +94,10 @@ int serve(const Globals& g, const ServeArgs& a) {
   dopt.streams = a.streams;
   dopt.group = a.group;
   if (!a.catalog.empty()) dopt.catalog = std::make_shared<const job::Catalog>(job::Catalog::load(a.catalog));
-  // The server waits a little longer than the PING's own deadline, so the
-  // answer names Redis rather than a generic timeout; and long enough for a
-  // dashboard listing of many locks.
-  opt.handler_timeout = std::max(deadline, std::chrono::milliseconds(5000)) + std::chrono::milliseconds(500);
+  // The server waits longer than the PING's own deadline, so the answer
+  // names Redis rather than a generic timeout; and long enough for a
+  // dashboard listing of tens of thousands of locks on a loaded host.
+  opt.handler_timeout = std::max(deadline + std::chrono::milliseconds(500), std::chrono::milliseconds(10000));
   auto conn = redis::parse_url(g.redis_url);  // throws invalid_url -> exit 64
   if (conn.client_name.empty()) conn.client_name = "jobguard-serve";
   auto client = std::make_shared<redis::Client>(conn);  // connects in the background

@@ -375,15 +375,21 @@ async function main() {
       batch.push(['SET', `jobguard:lock:{bulk:${String(i).padStart(5, '0')}}`,
         `host-${i % 16}/${10000 + (i % 500)}/bulk-${i}#${'a'.repeat(32)}`, 'PX', 120000]);
     await Promise.all(redis.sendMany(batch));
+    // A cold start: no other page polling (serve reuses a listing for 500 ms).
+    await page.close();
+    await sleep(700);
     const big = await context.newPage();
+    big.on('pageerror', (e) => pageErrors.push(e.message));
     await big.goto(`${base}/`);
     const want = args.locks;
     await big.waitForFunction((n) => window.__jobguard.lockCount >= n, want, { timeout: 30000 });
-    report.first_paint_ms = await big.evaluate(() => window.__jobguard.firstPaintMs);
+    report.first_paint_ms = await big.evaluate((n) => window.__jobguard.paints.find((p) => p.count >= n).at, want);
     const updates = [];
     let seen = await big.evaluate(() => window.__jobguard.updates);
     const responsive = [];
+    const until = Date.now() + 40000;
     while (updates.length < 5) {
+      if (Date.now() > until) fail(`only ${updates.length} updates of ${want} locks in 40 s`);
       const t0 = performance.now();
       await big.evaluate(() => document.querySelectorAll('#lock-rows .lockrow').length);  // a round trip into the page
       responsive.push(performance.now() - t0);
@@ -408,7 +414,7 @@ async function main() {
     if (domRows > 100) fail(`${domRows} rows in the DOM: the list is not virtualized`);
     // Generous bounds: CI runs serve under ASan. The point is "responsive", not a benchmark.
     if (report.first_paint_ms > 15000) fail(`first paint took ${report.first_paint_ms} ms`);
-    if (report.update_ms[2] > 5000) fail(`an update takes ${report.update_ms[2]} ms`);
+    if (report.update_ms[2] > 8000) fail(`an update takes ${report.update_ms[2]} ms`);
     if (report.render_ms[4] > 200) fail(`rendering takes ${report.render_ms[4]} ms: the page is not responsive`);
     if (report.page_round_trip_ms_max > 1000) fail(`the page took ${report.page_round_trip_ms_max} ms to answer`);
     await big.close();
