@@ -161,10 +161,18 @@ struct Dashboard::Impl {
     const std::string resource = resource_param(p);
     const LockInfo info = locks->inspect(resource);
     auto j = nlohmann::ordered_json::parse(admin::info_json(info));
-    // The fair queue in order (tokens: shown as their owners).
+    // The fair queue in order, each waiter shown as its token's owner. An
+    // entry is "<ttl> <fence> <grant channel> <token>" (acquire.lua).
     auto q = client.exec(redis::Command{"LRANGE", keys.queue_key(resource), "0", "49"});
     j["queue"] = nlohmann::ordered_json::array();
-    for (const auto& e : q.elements) j["queue"].push_back(escape_text(token_owner(e.str), 256));
+    for (const auto& e : q.elements) {
+      std::string_view token = e.str;
+      for (int field = 0; field < 3; ++field) {
+        const auto sp = token.find(' ');
+        token = sp == std::string_view::npos ? std::string_view() : token.substr(sp + 1);
+      }
+      j["queue"].push_back(escape_text(token_owner(token.empty() ? std::string_view(e.str) : token), 256));
+    }
     if (opt.catalog)
       if (const auto* c = opt.catalog->match(resource)) {
         j["class"] = c->lock_class.name;

@@ -19,6 +19,7 @@ const state = {
   classFenced: new Map(),
   seen: new Map(),     // resource|holder -> {ttl, at, max, renewals}
   selected: null,
+  detailHeld: false,
   token: sessionStorage.getItem('jobguard-admin-token') || '',
   pendingAction: null,
 };
@@ -99,13 +100,21 @@ function setConn(ok, text) {
   c.className = `pill ${ok ? 'ok' : 'bad'}`;
 }
 
-// Runs `fn` now and again `every` ms after each run ends (never two at once).
+// Runs `fn` now and then every `every` ms, counted from each start, so a
+// slow answer does not stretch the period (never two runs at once).
 function poll(fn, every) {
-  let timer = null;
+  let timer = null, running = false, again = false;
   const run = async () => {
+    // A refresh asked for while one is in flight runs right after it: one
+    // timer chain, whatever the callers do.
+    if (running) { again = true; return; }
+    running = true;
     clearTimeout(timer);
+    const started = performance.now();
     try { await fn(); } catch (e) { setConn(false, e.message); }
-    timer = setTimeout(run, every);
+    running = false;
+    if (again) { again = false; run(); return; }
+    timer = setTimeout(run, Math.max(100, every - (performance.now() - started)));
   };
   run();
   return run;  // call it to refresh at once
@@ -162,7 +171,8 @@ async function refreshLocks() {
   m.updates += 1;
   m.lockCount = data.locks.length;
   setConn(true, 'live');
-  if (state.selected && !data.locks.some((l) => l.resource === state.selected)) showDetail(state.selected);
+  // The lock in the detail panel went away: say so (once).
+  if (state.selected && state.detailHeld && !data.locks.some((l) => l.resource === state.selected)) showDetail(state.selected);
 }
 
 function fillClassFilter(classes) {
@@ -235,6 +245,7 @@ async function showDetail(resource) {
     box.replaceChildren(el('p', { class: 'error' }, e.message));
     return;
   }
+  state.detailHeld = d.held;
   const [host, pid, job] = splitHolder(d.holder);
   const dl = el('dl', {},
     el('dt', {}, 'resource'), el('dd', {}, d.resource),

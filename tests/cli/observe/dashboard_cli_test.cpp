@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -115,6 +116,31 @@ TEST_F(DashboardCli, ListsHeldLocksWithHolderTtlAndFence) {
   const auto one = json::parse(request(port, "GET", "/api/lock?resource=invoice%3A7").body);
   EXPECT_EQ(one.at("held"), true);
   EXPECT_EQ(one.at("queue"), json::array());
+}
+
+TEST_F(DashboardCli, ALocksDetailShowsItsFairQueueInOrder) {
+  auto client = make_client();
+  auto locks = LockService::create(*client);
+  auto held = locks->acquire("invoice:11", {.ttl = 30s, .fair = true});
+  ASSERT_TRUE(held);
+  auto waiter_client = make_client();
+  auto waiter_locks = LockService::create(*waiter_client);
+  std::optional<Lock> got;
+  std::thread waiter([&] { got = waiter_locks->acquire("invoice:11", {.ttl = 30s, .wait = 10s, .fair = true}); });
+  const auto port = serve(false);
+  json detail;
+  EXPECT_TRUE(eventually([&] {
+    detail = json::parse(request(port, "GET", "/api/lock?resource=invoice:11").body);
+    return detail.at("queue").size() == 1;
+  }, 5s)) << detail.dump();
+  EXPECT_EQ(detail.at("waiters"), 1);
+  const std::string owner = detail.at("queue").at(0);
+  EXPECT_EQ(owner.rfind(token_owner(held->token()).substr(0, token_owner(held->token()).find('/')), 0), 0u) << owner;
+  EXPECT_EQ(owner.find(' '), std::string::npos) << "the queue entry's ttl/fence/channel are not the owner: " << owner;
+  held->release();
+  waiter.join();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(owner, token_owner(got->token()));
 }
 
 TEST_F(DashboardCli, BadQueryParametersAreAOneLine400) {
