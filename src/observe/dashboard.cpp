@@ -58,7 +58,8 @@ struct Dashboard::Impl {
                                          .max_classes = 1000, .now = {}}) {
     if (opt.max_locks == 0) throw Error(errc::invalid_argument, "dashboard: max_locks must be >= 1");
     if (opt.max_queue == 0) throw Error(errc::invalid_argument, "dashboard: max_queue must be >= 1");
-    for (const auto& s : opt.streams) streams.emplace(s, std::make_unique<job::StreamSource>(client, job::StreamOptions{.stream = s, .group = opt.group}));
+    for (const auto& s : opt.streams)
+      streams.emplace(s, std::make_unique<job::StreamSource>(client, job::StreamOptions{.stream = s, .group = opt.group}));
     who = (opt.who.empty() ? admin::default_who() : opt.who) + " via dashboard";
     worker = std::thread([this] { run(); });
   }
@@ -76,8 +77,8 @@ struct Dashboard::Impl {
   }
 
   // Queues `work` for the worker thread; it answers through `respond`. An
-  // ApiError becomes its status, a jobguard::Error (Redis down, a deadline)
-  // a 503 naming it.
+  // ApiError becomes its status, a jobguard::Error of bad input a 400, any
+  // other (Redis down, a deadline) a 503 naming it.
   void submit(http::Respond respond, std::function<http::Response()> work) {
     auto task = [respond, work = std::move(work)](bool run) {
       if (!run) return respond(json_error(503, "the dashboard is shutting down"));
@@ -85,6 +86,9 @@ struct Dashboard::Impl {
         respond(work());
       } catch (const ApiError& e) {
         respond(json_error(e.status, e.what()));
+      } catch (const Error& e) {
+        const bool bad_input = e.code() == make_error_code(errc::invalid_argument);
+        respond(json_error(bad_input ? 400 : 503, escape_text(e.what(), 512)));
       } catch (const std::exception& e) {
         respond(json_error(503, escape_text(e.what(), 512)));
       }
