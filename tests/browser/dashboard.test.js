@@ -347,6 +347,23 @@ async function main() {
     log(`screenshot: ${args.screenshot}`);
   }
 
+  // Filters: by resource prefix (the server's SCAN MATCH) and by the catalog's class.
+  const resources = async () => page.locator('#lock-rows .lockrow').evaluateAll((rs) => rs.map((r) => r.dataset.resource));
+  await page.fill('#f-prefix', 'tenant:');
+  await eventually('the prefix filter', async () => {
+    const rs = await resources();
+    return rs.length === 6 && rs.every((r) => r.startsWith('tenant:'));
+  });
+  await page.fill('#f-prefix', '');
+  await page.selectOption('#f-class', 'run');
+  await eventually('the class filter', async () => {
+    const rs = await resources();
+    return rs.length === 8 && rs.every((r) => r.startsWith('dash:'));
+  });
+  await page.selectOption('#f-class', '');
+  await eventually('all locks again', async () => (await resources()).length >= 14);
+  log('filters: prefix tenant: -> 6 locks, class run -> 8');
+
   // 6. A read-only server: no action on the page, and the server refuses (403).
   const ro = start(args.jobguard, ['--json', '--redis', url, 'serve', '--listen', '127.0.0.1:0']);
   const roReady = await eventually('the read-only serve', () => ro.out.includes('\n') && JSON.parse(ro.out.split('\n')[0]));

@@ -222,9 +222,17 @@ TEST_F(DashboardCli, DeadLetterFieldsAndRetry) {
   const std::string dead = client->exec(redis::Command{"XADD", "jobs:dead", "*", "source_id", "1-1", "attempts", "5",
                                                        "last_error", "exit status 3", "id", "invoice-42"})
                                .str;
+  const std::string taken = client->exec(redis::Command{"XADD", "jobs", "*", "id", "invoice-43"}).str;
+  client->exec(redis::Command{"XREADGROUP", "GROUP", "jobguard", "worker-1", "COUNT", "1", "STREAMS", "jobs", ">"});
   const auto port = serve(true);
   const auto jobs = json::parse(request(port, "GET", "/api/jobs").body).at("streams").at(0);
   EXPECT_EQ(jobs.at("stream"), "jobs");
+  EXPECT_EQ(jobs.at("length"), 1);
+  EXPECT_EQ(jobs.at("pending_count"), 1);
+  EXPECT_EQ(jobs.at("pending").at(0).at("id"), taken);
+  EXPECT_EQ(jobs.at("pending").at(0).at("consumer"), "worker-1");
+  EXPECT_EQ(jobs.at("pending").at(0).at("deliveries"), 1);
+  EXPECT_TRUE(jobs.at("error").is_null());
   EXPECT_EQ(jobs.at("dead_count"), 1);
   EXPECT_EQ(jobs.at("dead").at(0).at("last_error"), "exit status 3");
   const auto d = json::parse(request(port, "GET", "/api/dead?stream=jobs&id=" + dead).body);
