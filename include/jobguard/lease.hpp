@@ -127,7 +127,7 @@ class Lease {
 struct LeaseSchedulerStats {
   std::uint64_t active = 0;
   std::uint64_t renewals_sent = 0;
-  std::uint64_t renewal_batches = 0;  // timer wake-ups that sent at least one renewal
+  std::uint64_t renewal_batches = 0;  // script calls that carried renewals (up to 256 each)
   std::uint64_t renewal_failures = 0;
   std::uint64_t lost = 0;
 };

@@ -216,6 +216,10 @@ class Lock {
   // Forget the lock without releasing it (it expires by its TTL). For a
   // process that forks and hands the lock to a child, or for tests.
   void detach() noexcept { held_ = false; }
+  // Internal, for src/job: a script of the library's released the lock
+  // (release.lua inside a guarded job's finish); `ours` is what its
+  // compare-and-delete found. Counted as release() counts, then forgotten.
+  void released_by_script(bool ours) noexcept;
 
  private:
   friend class LockService;
@@ -290,6 +294,17 @@ class LockService : public std::enable_shared_from_this<LockService> {
                      bool fair = false);
   void async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
                     ReleaseHandler done);
+  // Many compare-and-pexpires in one script call (the lease scheduler's
+  // renewals due in one tick). `done` gets one bool per entry, in order, or
+  // an Error for the whole batch. Every entry's key is on this service's one
+  // server (a batch is never split across servers).
+  struct ExtendEntry {
+    std::string resource;
+    std::string token;
+    std::chrono::milliseconds ttl{0};
+  };
+  using ExtendManyHandler = std::function<void(const Error&, std::vector<bool>)>;
+  void async_extend_many(const std::vector<ExtendEntry>& entries, ExtendManyHandler done);
 
   // The last refusal by the server of the release subscriber's connection:
   // AUTH rejected, or SUBSCRIBE forbidden (NOPERM: an ACL user without

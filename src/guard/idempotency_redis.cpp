@@ -114,6 +114,11 @@ bool parse_abandon(const redis::Reply& r) { return r.is_integer() && r.integer =
 
 }  // namespace
 
+BeginResult RedisIdempotencyStore::parse_begin_reply(const redis::Reply& r) { return parse_begin(r); }
+void RedisIdempotencyStore::check_complete_reply(const redis::Reply& r, std::string_view key, std::string_view owner) {
+  parse_complete(r, key, owner);
+}
+
 void IdempotencyStore::async_begin(std::string_view, std::string_view, std::chrono::milliseconds, std::string_view,
                                    Done<BeginResult> done) {
   detail::no_async_form(done, "this idempotency store");

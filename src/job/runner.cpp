@@ -19,7 +19,10 @@
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
+#include "guard/completion_internal.hpp"
 #include "job/awaiting.hpp"
+#include "job/fused.hpp"
+#include "lock/composed.hpp"
 
 namespace jobguard::job {
 namespace {
@@ -135,6 +138,25 @@ struct GuardedRunner::Attempt {
   }
 };
 
+// The one-call claim and finish need the class's completion records and
+// idempotency keys in Redis stores on the lock's own client (one server,
+// one script), and the low or moderate row (the runner never asks for fair
+// locks; a fair one would go the waiter's way).
+struct GuardedRunner::Fused {
+  guard::RedisCompletionStore* completions = nullptr;
+  guard::RedisIdempotencyStore* idempotency = nullptr;  // null: the class has no key
+  std::string record_retention, idem_retention;         // ms, as the scripts take them
+};
+
+struct GuardedRunner::FusedClaim {
+  enum Kind { granted, done, busy, fallback } kind = fallback;
+  std::string result;        // done: the recorded result
+  std::optional<Lock> lock;  // granted
+  // granted with a key: what its claim found (claimed: `owner` is ours)
+  std::optional<guard::BeginResult> begin;
+  std::string owner;
+};
+
 GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass cls, RunnerBackends backends)
     : leases_(std::move(leases)), cls_(std::move(cls)), b_(std::move(backends)) {
   cls_.validate();
@@ -160,6 +182,19 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
   if (b_.worker.empty()) b_.worker = default_worker();
   m_ = &(b_.registry ? *b_.registry : leases_->service().metrics_registry()).lock_class(cls_.name);
   clock_ = b_.clock ? b_.clock : &leases_->service().clock();
+
+  auto* rc = dynamic_cast<guard::RedisCompletionStore*>(b_.completions);
+  auto* ri = dynamic_cast<guard::RedisIdempotencyStore*>(b_.idempotency);
+  redis::Client* lock_client = &leases_->service().client();
+  if (cls_.consequence != Consequence::high && rc && &rc->client() == lock_client &&
+      (!b_.idempotency || (ri && &ri->client() == lock_client && ri->options().retention.count() > 0))) {
+    auto f = std::make_shared<Fused>();
+    f->completions = rc;
+    f->idempotency = ri;
+    f->record_retention = std::to_string(rc->options().retention.count());
+    if (ri) f->idem_retention = std::to_string(ri->options().retention.count());
+    fused_ = std::move(f);
+  }
 }
 
 GuardedRunner::~GuardedRunner() = default;
@@ -433,7 +468,7 @@ awaitable<RunResult> GuardedRunner::run_coro(Unit unit, Body body) {
     });
   };
   if (a.lease) co_await release(*a.lease);
-  if (a.lock) co_await release(*a.lock);
+  if (a.lock && a.lock->held()) co_await release(*a.lock);  // not when the one-call finish released it
   // The dashboard timeline's records (admin::record_incident; lost leases
   // are recorded by the lease itself). After the release, so a fail-open run
   // is recorded if Redis answers again by now; dropped if it does not.
@@ -474,61 +509,82 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
                                    cls_.name, a.job_id, e.what()),
                        {}};
   };
-  std::optional<std::string> done;
-  try {
-    done = co_await find_done(a, unit.run_id);
-  } catch (const Error& e) {
-    if (!redis_down(e)) throw;
-    if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
-    // Fail-open and the record store is down too: we cannot know; the class
-    // declared that running is acceptable. Counted with the fail-open below.
-  }
-  if (done) co_return already_done(*done);
-
-  // Phase 2: claim.
   LockOptions lo;
   lo.ttl = cls_.ttl;
   lo.wait = cls_.wait;
   lo.fence = cls_.fenced || cls_.consequence == Consequence::high;
   lo.job_id = a.job_id;
   lo.lock_class = cls_.name;
-  try {
-    auto lock = co_await await_done<std::optional<Lock>>([&](auto granted) {
-      leases_->service().async_acquire(a.resource, lo,
-                                       [granted = std::move(granted)](const Error& e, std::optional<Lock> l) {
-                                         granted(e ? std::make_exception_ptr(e) : nullptr, std::move(l));
-                                       });
-    });
-    if (!lock) throw StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}};
+  auto hold = [&](Lock lock) {
     if (cls_.long_running) {
       LeaseOptions leo;
       leo.hard_timeout = cls_.hard_timeout;
-      a.lease = leases_->adopt(std::move(*lock), leo);
+      a.lease = leases_->adopt(std::move(lock), leo);
     } else {
       a.lock = std::move(lock);
     }
-  } catch (const Error& e) {
-    if (!redis_down(e)) throw;
-    if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
-    a.m->redis_errors_total.inc();
-    a.fail_open = true;
-    a.m->fail_open_total.inc();
-    emit(a, "fail_open", "unguarded",
-         fmt::format("Redis unavailable; lock class '{}' is fail-open: running {} WITHOUT the lock: {}", cls_.name,
-                     a.job_id, e.what()));
+  };
+  auto busy = [&] { return StepVerdict{Outcome::busy, fmt::format("lock {} is held by another worker", a.resource), {}}; };
+
+  // The record check, the grant and the key's claim in one call where the
+  // class allows it; anything it cannot settle goes the step-by-step way.
+  FusedClaim fc;
+  if (fused_ && unit.chunks == 0) fc = co_await one_call_claim(a, lo);
+  if (fc.kind == FusedClaim::done) co_return already_done(std::move(fc.result));
+  if (fc.kind == FusedClaim::busy && cls_.wait.count() == 0) throw busy();
+
+  std::optional<std::string> done;
+  if (fc.kind == FusedClaim::fallback) {
+    try {
+      done = co_await find_done(a, unit.run_id);
+    } catch (const Error& e) {
+      if (!redis_down(e)) throw;
+      if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
+      // Fail-open and the record store is down too: we cannot know; the class
+      // declared that running is acceptable. Counted with the fail-open below.
+    }
+    if (done) co_return already_done(*done);
+  }
+
+  // Phase 2: claim.
+  if (fc.kind == FusedClaim::granted) {
+    hold(std::move(*fc.lock));
+  } else {
+    try {
+      auto lock = co_await await_done<std::optional<Lock>>([&](auto granted) {
+        leases_->service().async_acquire(a.resource, lo,
+                                         [granted = std::move(granted)](const Error& e, std::optional<Lock> l) {
+                                           granted(e ? std::make_exception_ptr(e) : nullptr, std::move(l));
+                                         });
+      });
+      if (!lock) throw busy();
+      hold(std::move(*lock));
+    } catch (const Error& e) {
+      if (!redis_down(e)) throw;
+      if (cls_.on_redis_down == RedisDownPolicy::fail_closed) throw closed(e);
+      a.m->redis_errors_total.inc();
+      a.fail_open = true;
+      a.m->fail_open_total.inc();
+      emit(a, "fail_open", "unguarded",
+           fmt::format("Redis unavailable; lock class '{}' is fail-open: running {} WITHOUT the lock: {}", cls_.name,
+                       a.job_id, e.what()));
+    }
   }
   if (!a.fail_open) emit(a, "acquired", "ok");
 
   // Phase 1 again, under the lock: another worker may have finished between
-  // our first look and our grant.
-  if (!a.fail_open) {
+  // our first look and our grant (the one-call claim looked in the same
+  // call as its grant).
+  if (!a.fail_open && fc.kind != FusedClaim::granted) {
     done = co_await find_done(a, unit.run_id);
     if (done) co_return already_done(*done);
   }
+  const std::string* claimed =
+      fc.begin && fc.begin->status == guard::BeginStatus::claimed ? &fc.owner : nullptr;
 
   // Phases 3 and 4.
   if (unit.chunks == 0) {
-    if (!co_await run_step(a, -1, r)) co_return;
+    if (!co_await run_step(a, -1, r, claimed)) co_return;
   } else {
     for (int c = 0; c < unit.chunks; ++c)
       if (!co_await run_step(a, c, r)) co_return;
@@ -541,6 +597,92 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
     }
   }
   r.outcome = Outcome::completed;
+}
+
+// One call: the record checked, the lock granted, the key claimed
+// (scripts/claim.lua). Never throws: what it cannot settle is `fallback`,
+// and the step-by-step path then decides (a Redis error, the fail-open
+// policy, a waiting acquire) as it always has.
+awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, const LockOptions& lo) {
+  const Unit& unit = *a.unit;
+  FusedClaim out;
+  ::jobguard::detail::ComposedResult res;
+  std::string idem_key;
+  try {
+    guard::detail::check_parts(cls_.name, a.resource, unit.run_id);
+    ::jobguard::detail::ComposedAttempt c;
+    c.script = &detail::claim_script();
+    c.keys.push_back(fused_->completions->key_for(cls_.name, a.resource, unit.run_id));
+    if (fused_->idempotency) {
+      // The key run_step would claim for the whole unit (chunk -1).
+      idem_key = fmt::format("{}/{}/{}", cls_.name, a.resource, unit.run_id);
+      out.owner = guard::make_owner_token();
+      const auto lease = cls_.long_running ? cls_.hard_timeout : cls_.ttl;
+      c.keys.push_back(fused_->idempotency->key_for(idem_key));
+      c.args = {a.fingerprint, out.owner, std::to_string(lease.count()), fused_->idem_retention};
+    }
+    res = co_await await_done<::jobguard::detail::ComposedResult>([&](auto done) {
+      ::jobguard::detail::async_attempt_composed(
+          leases_->service(), a.resource, lo, std::move(c),
+          [done = std::move(done)](const Error& e, ::jobguard::detail::ComposedResult r) {
+            done(e ? std::make_exception_ptr(e) : nullptr, std::move(r));
+          });
+    });
+    using S = ::jobguard::detail::ComposedStatus;
+    if (res.status == S::declined) {
+      out.kind = FusedClaim::done;
+      out.result = res.part.str;
+      co_return out;
+    }
+    if (res.status == S::busy) {
+      out.kind = FusedClaim::busy;
+      co_return out;
+    }
+    if (fused_->idempotency && !res.part.is_nil()) out.begin = guard::RedisIdempotencyStore::parse_begin_reply(res.part);
+    if (res.status == S::granted) {
+      out.kind = FusedClaim::granted;
+      out.lock = std::move(res.lock);
+      co_return out;
+    }
+  } catch (const std::exception&) {
+    // In doubt or refused: the step-by-step path asks again and reports.
+    FusedClaim ask_again;
+    co_return ask_again;
+  }
+  // A grant handed back (an unchecked connection): the key it claimed for
+  // us is dropped too, so the step-by-step claim does not find it in progress.
+  if (out.begin && out.begin->status == guard::BeginStatus::claimed)
+    fused_->idempotency->async_abandon(idem_key, out.owner, [](std::exception_ptr, bool) {});
+  FusedClaim ask_again;
+  co_return ask_again;
+}
+
+// One call: the key completed, the record written, the lock released
+// (scripts/finish.lua). False when it did not settle all three; the caller
+// then makes the steps one by one.
+awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& run_id, const std::string& owner,
+                                               bool idem_ok, const std::string& result) {
+  auto& svc = leases_->service();
+  std::vector<std::string> keys{fused_->completions->key_for(cls_.name, a.resource, run_id), a.lock->key()};
+  if (idem_ok) keys.push_back(fused_->idempotency->key_for(fmt::format("{}/{}/{}", cls_.name, a.resource, run_id)));
+  std::vector<std::string> args{a.lock->token(), svc.keys().channel(a.resource), b_.worker, result,
+                                fused_->record_retention, owner, fused_->idem_retention};
+  redis::Reply reply;
+  try {
+    reply = co_await await_done<redis::Reply>([&](auto done) {
+      svc.client().async_eval(detail::finish_script(), std::move(keys), std::move(args),
+                              [done = std::move(done)](std::error_code ec, redis::Reply r) {
+                                done(ec ? std::make_exception_ptr(Error(ec, "finish")) : nullptr, std::move(r));
+                              });
+    });
+  } catch (const std::exception&) {
+    co_return false;
+  }
+  if (!reply.is_array() || reply.elements.size() != 3 || !reply.elements[0].is_integer() ||
+      reply.elements[0].integer != 1)
+    co_return false;
+  a.lock->released_by_script(reply.elements[2].is_integer() && reply.elements[2].integer == 1);
+  co_return true;
 }
 
 // The high row's step, on the blocking executor: the effect inside a
@@ -599,7 +741,7 @@ bool GuardedRunner::high_step(Attempt& a, JobContext& ctx, const std::string& ru
 
 // One effect call (a chunk, or the whole unit) and its completion record.
 // False when the run must stop; r.outcome then says why.
-awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r) {
+awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r, const std::string* claimed_owner) {
   const Unit& unit = *a.unit;
   const std::string run_id = step_run_id(unit.run_id, chunk);
 
@@ -649,8 +791,12 @@ awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r) {
   // Low and moderate.
   std::string owner;
   bool idem_ok = false;
-  if (b_.idempotency)
+  if (claimed_owner) {
+    owner = *claimed_owner;
+    idem_ok = true;
+  } else if (b_.idempotency) {
     if (auto stop_here = co_await claim_idempotency(a, ctx, run_id, chunk, r, owner, idem_ok)) co_return *stop_here;
+  }
   std::string result;
   std::exception_ptr effect_failed;
   try {
@@ -681,6 +827,16 @@ awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r) {
     emit(a, "overran_lock", "warning",
          fmt::format("the effect of {} ended after its lock's safe time: another worker may have run it too", run_id));
     if (r.detail.empty()) r.detail = fmt::format("{}: the effect outlived its lock", run_id);
+  }
+  // The key completed, the record written and the lock released in one
+  // call where the class allows it. If that call fails, the steps below
+  // make it again one by one: each is idempotent (a key completed twice, a
+  // record that exists, a lock already released), so a finish that ran but
+  // whose reply was lost is finished, not repeated.
+  if (fused_ && chunk < 0 && a.lock && a.lock->held() && !a.fail_open && (idem_ok || !b_.idempotency) &&
+      co_await one_call_finish(a, run_id, owner, idem_ok, result)) {
+    r.result = std::move(result);
+    co_return true;
   }
   if (idem_ok)
     co_await store_call<bool>(

@@ -202,6 +202,15 @@ awaitable<bool> StreamSource::async_ack(std::string id) {
   co_return r.is_integer() && r.integer > 0;
 }
 
+awaitable<void> StreamSource::async_hand_back(std::string consumer, std::vector<std::string> ids) {
+  if (ids.empty()) co_return;
+  std::vector<std::string> args{"XCLAIM", opts_.stream, opts_.group, std::move(consumer), "0"};
+  for (auto& id : ids) args.push_back(std::move(id));
+  args.insert(args.end(), {"IDLE", std::to_string(opts_.claim_idle.count()), "JUSTID"});
+  Command claim(args);
+  co_await exec_group(std::move(claim), opts_.call_timeout, false);
+}
+
 bool StreamSource::ack(std::string_view id) { return block_on(async_ack(std::string(id))); }
 
 awaitable<std::int64_t> StreamSource::async_deliveries(std::string id) {

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
+#include <limits>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -204,7 +206,13 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
   // Event-loop state.
   asio::steady_timer wake;   // the reader waits on it for a free slot; a job's end cancels it
   asio::steady_timer pause;  // retry_later's backoff; stop() cancels it
-  int in_flight = 0;
+  int in_flight = 0;  // jobs running (claimed, effect, finish): at most o.concurrency
+  int acting = 0;     // jobs past their run whose stream action (XACK...) is on its way
+  // Read ahead, not yet started: up to o.concurrency, so the next read is on
+  // its way while the slots are busy, and a job ending starts the next at
+  // once instead of after a read's round trip.
+  std::deque<StreamJob> ready;
+  asio::any_io_executor loop;
   milliseconds backoff{0};
   Clock::time_point last_activity{};
 
@@ -233,15 +241,43 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     co_await t.async_wait(asio::as_tuple(use_awaitable));
   }
 
+  // Jobs that max_jobs could still need, beyond those already taken.
+  std::int64_t wanted() const {
+    if (o.max_jobs <= 0) return std::numeric_limits<std::int64_t>::max();
+    return o.max_jobs - finished() - in_flight - acting - static_cast<std::int64_t>(ready.size());
+  }
+
+  // A slot is free: the next read-ahead job starts in it (unless the worker
+  // is stopping).
+  // g++ 12 inlines the coroutine's frame allocation into the lambda below and
+  // then warns that Asio's frame operator delete does not match it, which is
+  // false (the same -Wmismatched-new-delete bench_ops.cpp silences).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+  void start_next() {
+    while (in_flight < o.concurrency && !ready.empty() && !soft.stop_requested()) {
+      ++in_flight;
+      // Taken off the queue before it starts, and started from the loop's
+      // queue, not inline: a job that ends without waiting (a malformed one)
+      // would otherwise start the next from inside this call, and so on down
+      // the stack.
+      asio::post(loop, [self = shared_from_this(), j = std::move(ready.front())]() mutable {
+        asio::co_spawn(self->loop, self->handle(std::move(j)), asio::detached);
+      });
+      ready.pop_front();
+    }
+  }
+#pragma GCC diagnostic pop
+
   awaitable<void> run() {
-    auto ex = co_await asio::this_coro::executor;
+    loop = co_await asio::this_coro::executor;
     last_activity = Clock::now();
     milliseconds read_backoff{0};
     while (!soft.stop_requested() && !limit_reached()) {
-      // Never start more jobs than max_jobs could still need.
-      int free = o.concurrency - in_flight;
-      if (o.max_jobs > 0) free = static_cast<int>(std::min<std::int64_t>(free, o.max_jobs - finished() - in_flight));
-      if (free <= 0) {
+      // Room: a free slot for each job not running, and as many read ahead.
+      std::int64_t room = 2 * o.concurrency - in_flight - static_cast<std::int64_t>(ready.size());
+      room = std::min(room, wanted());
+      if (room <= 0) {
         co_await wait_on(wake, Clock::time_point::max());
         continue;
       }
@@ -252,7 +288,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
       std::vector<StreamJob> jobs;
       bool read_failed = false;
       try {
-        jobs = co_await source.async_next(o.consumer, static_cast<std::size_t>(free), reader.get());
+        jobs = co_await source.async_next(o.consumer, static_cast<std::size_t>(room), reader.get());
         read_backoff = milliseconds(0);
       } catch (const Error& e) {
         // What retrying cannot mend (WRONGTYPE, NOPERM...) ends the worker;
@@ -275,17 +311,29 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         continue;
       }
       if (jobs.empty()) {
-        if (o.exit_when_idle.count() > 0 && in_flight == 0 && Clock::now() - last_activity >= o.exit_when_idle) break;
+        if (o.exit_when_idle.count() > 0 && in_flight == 0 && ready.empty() &&
+            Clock::now() - last_activity >= o.exit_when_idle)
+          break;
         continue;
       }
       last_activity = Clock::now();
-      for (auto& j : jobs) {
-        ++in_flight;
-        asio::co_spawn(ex, handle(std::move(j)), asio::detached);
+      for (auto& j : jobs) ready.push_back(std::move(j));
+      start_next();
+    }
+    // Jobs in flight finish before the worker returns. Read-ahead jobs do not
+    // start once stopping (they would be told to shut down at once): they go
+    // back to the group for the next reclaim scan. At max_jobs there are none.
+    if (soft.stop_requested() && !ready.empty()) {
+      std::vector<std::string> ids;
+      for (auto& j : ready) ids.push_back(j.id);
+      ready.clear();
+      try {
+        co_await source.async_hand_back(o.consumer, std::move(ids));
+      } catch (const std::exception&) {
+        // Unreachable Redis: they stay pending and are reclaimed after claim_idle.
       }
     }
-    // Jobs in flight finish (or see the shutdown) before the worker returns.
-    while (in_flight > 0) co_await wait_on(wake, Clock::time_point::max());
+    while (in_flight > 0 || acting > 0) co_await wait_on(wake, Clock::time_point::max());
   }
 
   awaitable<void> handle(StreamJob job) {
@@ -340,6 +388,14 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     }
     if (has_unit && lock_key.empty() && !r.fail_open) lock_key = runner.lock_key_for(unit.id);
 
+    // The slot is free once the run is over: the next job's claim goes out
+    // with this job's acknowledgement instead of after it.
+    --in_flight;
+    ++acting;
+    if (d.action == Action::retry_later) backoff = std::clamp(backoff * 2, o.retry_backoff, o.retry_backoff_max);
+    start_next();
+    wake.cancel();
+
     std::string applied, action_error;
     bool dead = false;
     try {
@@ -369,8 +425,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
       applied = "left_pending";
       dead = false;
     }
-    if (d.action == Action::retry_later) backoff = std::clamp(backoff * 2, o.retry_backoff, o.retry_backoff_max);
-    else if (action_error.empty()) backoff = milliseconds(0);
+    if (d.action != Action::retry_later && action_error.empty()) backoff = milliseconds(0);
 
     const bool ran = has_unit;
     {
@@ -415,7 +470,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         // A caller's bookkeeping must not take the worker down.
       }
     }
-    --in_flight;
+    --acting;
     last_activity = Clock::now();
     wake.cancel();
   }

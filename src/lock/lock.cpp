@@ -24,6 +24,7 @@ namespace lock_scripts {
 extern const std::string_view acquire;
 extern const std::string_view release;
 extern const std::string_view extend;
+extern const std::string_view extend_many;
 extern const std::string_view leave_queue;
 }  // namespace lock_scripts
 
@@ -36,6 +37,10 @@ const redis::Script& script_acquire() {
 }
 const redis::Script& script_extend() {
   static const redis::Script s{std::string(lock_scripts::extend)};
+  return s;
+}
+const redis::Script& script_extend_many() {
+  static const redis::Script s{std::string(lock_scripts::extend_many)};
   return s;
 }
 const redis::Script& script_leave() {
@@ -659,6 +664,31 @@ void LockService::async_extend(const std::string& resource, const std::string& t
                              if (ec) return done(redis::to_error(ec, r, c->address(), "extend"), false);
                              done(Error(), r.is_integer() && r.integer == 1);
                            });
+}
+
+void LockService::async_extend_many(const std::vector<ExtendEntry>& entries, ExtendManyHandler done) {
+  std::vector<std::string> keys, args;
+  keys.reserve(entries.size());
+  args.reserve(entries.size() * 2);
+  for (const auto& e : entries) {
+    keys.push_back(keys_.lock_key(e.resource));
+    args.push_back(e.token);
+    args.push_back(std::to_string(e.ttl.count()));
+  }
+  const std::size_t n = entries.size();
+  client_.async_eval(script_extend_many(), std::move(keys), std::move(args),
+                     [done = std::move(done), c = &client_, n](std::error_code ec, redis::Reply r) {
+                       if (!done) return;
+                       if (ec) return done(redis::to_error(ec, r, c->address(), "extend"), {});
+                       if (!r.is_array() || r.elements.size() != n)
+                         return done(Error(errc::protocol_error,
+                                           fmt::format("{}: extend of {} locks: unexpected reply", c->address(), n)),
+                                     {});
+                       std::vector<bool> ours(n);
+                       for (std::size_t i = 0; i < n; ++i)
+                         ours[i] = r.elements[i].is_integer() && r.elements[i].integer == 1;
+                       done(Error(), std::move(ours));
+                     });
 }
 
 // --- Lock ---------------------------------------------------------------------

@@ -105,6 +105,10 @@ class RedisCompletionStore final : public CompletionStore {
   void async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                   Done<std::optional<CompletionRecord>> done) override;
   std::string key_for(std::string_view job_kind, std::string_view entity, std::string_view run_id) const;
+  // Internal, for the guarded runner's one-call claim and finish (src/job),
+  // which read and write records inside its own scripts.
+  redis::Client& client() const noexcept { return client_; }
+  const RedisCompletionOptions& options() const noexcept { return opts_; }
 
  private:
   redis::Client& client_;

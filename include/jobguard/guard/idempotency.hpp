@@ -33,6 +33,7 @@
 
 namespace jobguard::redis {
 class Client;
+struct Reply;
 }
 
 namespace jobguard::guard {
@@ -119,6 +120,16 @@ class RedisIdempotencyStore final : public IdempotencyStore {
   void async_complete(std::string_view key, std::string_view owner, std::string_view result,
                       Done<bool> done) override;
   void async_abandon(std::string_view key, std::string_view owner, Done<bool> done) override;
+
+  // Internal, for the guarded runner's one-call claim and finish (src/job),
+  // which run this store's scripts inside its own: where a key lives and how
+  // the scripts' replies read (the same parsing as begin() and complete()).
+  redis::Client& client() const noexcept { return client_; }
+  const IdempotencyOptions& options() const noexcept { return opts_; }
+  std::string key_for(std::string_view key) const { return opts_.prefix + std::string(key); }
+  static BeginResult parse_begin_reply(const redis::Reply& r);
+  // Throws Error(lease_lost) when the key was not `owner`'s to complete.
+  static void check_complete_reply(const redis::Reply& r, std::string_view key, std::string_view owner);
 
  private:
   redis::Client& client_;

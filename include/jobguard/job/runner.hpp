@@ -59,6 +59,7 @@
 
 namespace jobguard {
 class LeaseScheduler;
+struct LockOptions;
 namespace guard {
 class CompletionStore;
 class IdempotencyStore;
@@ -226,7 +227,17 @@ class GuardedRunner {
   std::unique_ptr<guard::PgConnection> take_pg();
   void give_pg(std::unique_ptr<guard::PgConnection> c);
   boost::asio::awaitable<void> run_guarded(Attempt& a, RunResult& r);
-  boost::asio::awaitable<bool> run_step(Attempt& a, int chunk, RunResult& r);
+  // `claimed_owner`: the idempotency key was claimed with the lock (the
+  // one-call claim) under this owner.
+  boost::asio::awaitable<bool> run_step(Attempt& a, int chunk, RunResult& r,
+                                        const std::string* claimed_owner = nullptr);
+  // The one-call claim and finish (src/job/fused.cpp's scripts), used when the
+  // class's record and key live in Redis beside its lock.
+  struct Fused;
+  struct FusedClaim;
+  boost::asio::awaitable<FusedClaim> one_call_claim(Attempt& a, const LockOptions& lo);
+  boost::asio::awaitable<bool> one_call_finish(Attempt& a, const std::string& run_id, const std::string& owner,
+                                               bool idem_ok, const std::string& result);
   boost::asio::awaitable<std::optional<bool>> claim_idempotency(Attempt& a, JobContext& ctx, const std::string& run_id, int chunk,
                                                  RunResult& r, std::string& owner, bool& idem_ok);
   boost::asio::awaitable<std::optional<std::string>> find_done(Attempt& a, const std::string& run_id);
@@ -239,6 +250,7 @@ class GuardedRunner {
   RunnerBackends b_;
   observe::LockClassMetrics* m_ = nullptr;  // b_.registry's (or the service's) numbers of cls_
   const MonotonicClock* clock_ = nullptr;   // b_.clock or the service's
+  std::shared_ptr<const Fused> fused_;      // null: every step is its own call
   std::mutex pg_mu_;
   std::vector<std::unique_ptr<guard::PgConnection>> pg_idle_;
 };

@@ -143,6 +143,12 @@ class StreamSource {
   // ensure_group() as a coroutine.
   boost::asio::awaitable<void> async_ensure_group();
   boost::asio::awaitable<bool> async_ack(std::string id);
+  // Jobs delivered to `consumer` that it will not run after all (a stopping
+  // worker's read-ahead): each stays pending with its delivery count, made
+  // as idle as a stalled job's (XCLAIM ... IDLE claim_idle JUSTID), so the
+  // next reclaim scan of any consumer takes it over instead of one claim_idle
+  // from now.
+  boost::asio::awaitable<void> async_hand_back(std::string consumer, std::vector<std::string> ids);
   boost::asio::awaitable<bool> async_fail(StreamJob job, std::string error);
   // Moves `job` to the dead-letter stream now, whatever its deliveries (a
   // job that can never succeed: a malformed unit id).

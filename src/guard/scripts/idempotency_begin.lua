@@ -18,7 +18,8 @@ end
 local lease = tonumber(ARGV[3])
 local keep = math.max(tonumber(ARGV[4]), lease)
 local since = string.format('%d', now)
-redis.call('DEL', KEYS[1])
+-- A reclaimed key loses the fields of its earlier attempt (a stored result).
+if r[1] then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'state', 'in_progress', 'fp', ARGV[1], 'owner', ARGV[2], 'since', since,
            'lease_until', string.format('%d', now + lease))
 redis.call('PEXPIRE', KEYS[1], keep)

@@ -16,8 +16,13 @@ end
 local token = ARGV[1]
 local fair = ARGV[4] == '1'
 local entry = ARGV[7]
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The server's clock, read only where it is used (the fair queue's expiries,
+-- the fence's floor): each redis.call is a good part of a grant's cost.
+local t, now_ms
+if fair or ARGV[3] == '1' then
+  t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 if fair then
   -- A fair release may already have handed the lock to us (release.lua): the
@@ -44,18 +49,24 @@ if fair then
   end
 end
 
-local free = redis.call('EXISTS', KEYS[1]) == 0
-if free and fair then
-  local head = redis.call('LINDEX', KEYS[3], 0)
-  if head and head ~= entry then free = false end
-end
-
-if free then
-  redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-  if fair then
+local free
+if fair then
+  free = redis.call('EXISTS', KEYS[1]) == 0
+  if free then
+    local head = redis.call('LINDEX', KEYS[3], 0)
+    if head and head ~= entry then free = false end
+  end
+  if free then
+    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
     if redis.call('LINDEX', KEYS[3], 0) == entry then redis.call('LPOP', KEYS[3]) end
     redis.call('ZREM', KEYS[4], entry)
   end
+else
+  -- Check and set in one call.
+  free = redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) ~= false
+end
+
+if free then
   local fence = -1
   if ARGV[3] == '1' then
     -- Never below the server's clock in microseconds: a counter lost to a

@@ -606,4 +606,122 @@ TEST_F(RunnerTest, ClockAndRegistryComeFromTheLockServiceOrTheBackends) {
   ASSERT_TRUE(theirs.snapshot(cls_name()).has_value());
 }
 
+
+// A moderate job whose record and key live in Redis beside its lock is one
+// call to claim (record checked, lock granted, key claimed) and one to
+// finish (key completed, record written, lock released): the client counts
+// what it sent. The lock's numbers are counted as the step-by-step path
+// counts them.
+TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
+  // No state-gate recheck during the test: its check would be a command too.
+  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
+  auto own = LeaseScheduler::create(svc);
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  job::GuardedRunner runner(own, cls, {.completions = &done, .idempotency = &idem});
+  int runs = 0;
+  std::string lock_key, idem_key;
+  auto effect = [&](job::JobContext& ctx) {
+    ++runs;
+    lock_key = ctx.lock_key();
+    idem_key = ctx.idempotency_key();
+    // Held and claimed while the effect runs.
+    EXPECT_FALSE(client->exec({"GET", lock_key}).is_nil());
+    return std::string("ch_40");
+  };
+  // Warm: the service's state gate has checked the server (until then a
+  // claim goes step by step), and the scripts are loaded (a first EVALSHA
+  // answers NOSCRIPT and is sent again as EVAL).
+  for (const char* id : {"38", "39"}) ASSERT_EQ(runner.run({.id = id, .run_id = "r"}, effect).outcome, Outcome::completed);
+  const auto before = metrics();
+
+  auto commands = [&] { return client->stats().commands; };
+  auto c0 = commands();
+  auto r = runner.run({.id = "40", .run_id = "r"}, effect);
+  const auto ran_with = commands() - c0 - 1;  // less the effect's own GET
+  ASSERT_EQ(r.outcome, Outcome::completed) << r.detail;
+  EXPECT_EQ(ran_with, 2u) << "a claim and a finish";
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(client->exec({"EXISTS", lock_key}).integer, 0) << "released";
+  auto rec = done.find(cls_name(), "invoice:40", "r");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->result, "ch_40");
+  auto b = idem.begin(idem_key, "r", 1s);
+  EXPECT_EQ(b.status, guard::BeginStatus::completed);
+  EXPECT_EQ(b.result, "ch_40");
+  const auto after = metrics();
+  EXPECT_EQ(after.acquisitions_total - before.acquisitions_total, 1u);
+  EXPECT_EQ(after.releases_total - before.releases_total, 1u);
+  EXPECT_EQ(after.hold_seconds.count - before.hold_seconds.count, 1u);
+  EXPECT_EQ(after.wait_seconds.count - before.wait_seconds.count, 1u);
+
+  // The retry of finished work: one call, nothing granted, nothing run.
+  c0 = commands();
+  auto again = runner.run({.id = "40", .run_id = "r"}, effect);
+  EXPECT_EQ(again.outcome, Outcome::already_done);
+  EXPECT_EQ(again.result, "ch_40");
+  EXPECT_EQ(commands() - c0, 1u);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(metrics().acquisitions_total, after.acquisitions_total);
+
+  // Busy (try-once): one call, the other worker's lock and nothing else touched.
+  auto other = svc->acquire("invoice:41", LockOptions{.ttl = 5s});
+  ASSERT_TRUE(other);
+  c0 = commands();
+  auto busy = runner.run({.id = "41", .run_id = "r"}, effect);
+  EXPECT_EQ(busy.outcome, Outcome::busy);
+  EXPECT_NE(busy.detail.find("invoice:41"), std::string::npos) << busy.detail;
+  EXPECT_EQ(commands() - c0, 1u);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(client->exec({"EXISTS", "jobguard:idem:" + cls_name() + "/invoice:41/r"}).integer, 0)
+      << "no key claimed without the lock";
+  EXPECT_EQ(metrics().contended_total - after.contended_total, 1u);
+  EXPECT_TRUE(other->release());
+}
+
+// The finish finds the key taken over while the effect ran (its lease passed
+// and another worker claimed it): nothing is recorded by the one call, and
+// the steps report it as they always have — the key is not ours, lease lost.
+TEST_F(RunnerTest, OneCallFinishLeavesAKeyTakenOverToTheStepsWhichReportIt) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
+  auto r = runner.run({.id = "50", .run_id = "r"}, [&](job::JobContext& ctx) {
+    client->exec({"DEL", "jobguard:idem:" + ctx.idempotency_key()});
+    EXPECT_EQ(idem.begin(ctx.idempotency_key(), "r", 60s, "another-worker").status, guard::BeginStatus::claimed);
+    return std::string("ch_50");
+  });
+  EXPECT_EQ(r.outcome, Outcome::lease_lost) << r.detail;
+  EXPECT_NE(r.detail.find("another-worker"), std::string::npos) << r.detail;
+  EXPECT_FALSE(done.find(cls_name(), "invoice:50", "r")) << "a record for an effect whose key was not ours";
+  EXPECT_EQ(client->exec({"EXISTS", "jgt:lock:{invoice:50}"}).integer, 0) << "the lock is released all the same";
+}
+
+// A fenced class through the one-call claim: the token is issued by the
+// grant inside it, above every earlier one, and the effect sees it.
+TEST_F(RunnerTest, OneCallClaimIssuesTheFenceTheEffectSees) {
+  guard::RedisCompletionStore done(*client);
+  auto cls = low_class();
+  cls.fenced = true;
+  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  std::optional<std::int64_t> seen;
+  std::vector<std::int64_t> fences;
+  for (const char* run : {"r1", "r2"}) {
+    auto r = runner.run({.id = "60", .run_id = run}, [&](job::JobContext& ctx) {
+      seen = ctx.fence();
+      return std::string();
+    });
+    ASSERT_EQ(r.outcome, Outcome::completed) << r.detail;
+    ASSERT_TRUE(seen && r.fence);
+    EXPECT_EQ(*seen, *r.fence);
+    EXPECT_EQ(std::to_string(*seen), client->exec({"GET", locks->keys().fence_key("invoice:60")}).str);
+    fences.push_back(*seen);
+  }
+  EXPECT_GT(fences[1], fences[0]);
+}
+
 }  // namespace

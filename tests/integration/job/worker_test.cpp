@@ -253,6 +253,53 @@ TEST_F(StreamWorkerTest, StopFromAnotherThreadReachesTheEffectsInFlight) {
   EXPECT_EQ(producer.pending_count(), 3);
 }
 
+// While its slots are busy a worker reads as many jobs again ahead. A
+// stopping worker does not start those (they would be told to shut down at
+// once): they go back to the group as idle as stalled jobs, and the next
+// worker's first reclaim scan takes them over instead of one claim_idle later.
+TEST_F(StreamWorkerTest, ReadAheadJobsAreHandedBackOnStopAndTakenOverAtOnce) {
+  stream.claim_idle = 60s;  // without the hand-back, nobody could take them for a minute
+  job::GuardedRunner runner(leases, cls("w-ahead"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  for (int u = 0; u < 6; ++u) add(producer, std::to_string(u));
+  std::atomic<int> started{0};
+  job::AsyncJobEffect slow = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    ++started;
+    while (!item.shutdown().stop_requested()) co_await sleep_for(5ms);
+    item.leave_pending("shutdown");
+    throw std::runtime_error("interrupted");
+  };
+  job::StreamWorker first(*client, stream, runner, slow, {.consumer = "first", .concurrency = 2});
+  std::thread stopper([&] {
+    // Two running, two more read ahead (four delivered to "first").
+    ASSERT_TRUE(test::eventually([&] { return started.load() == 2 && producer.pending_count() == 4; }, 10s));
+    std::this_thread::sleep_for(100ms);
+    first.stop();
+  });
+  first.run();
+  stopper.join();
+  EXPECT_EQ(started.load(), 2) << "a read-ahead job started after stop()";
+  EXPECT_EQ(first.stats().jobs, 2);
+  EXPECT_EQ(producer.pending_count(), 4);
+
+  // The two read ahead are taken over at once; the two interrupted ones were
+  // delivered 100 ms ago and stay with "first" until claim_idle.
+  std::mutex mu;
+  std::vector<std::string> second_ran;
+  job::AsyncJobEffect quick = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    std::lock_guard lk(mu);
+    second_ran.push_back(item.context().unit().id);
+    co_return "";
+  };
+  job::StreamWorker second(*client, stream, runner, quick,
+                           {.consumer = "second", .concurrency = 2, .max_jobs = 4, .exit_when_idle = 1500ms});
+  second.run();
+  std::lock_guard lk(mu);
+  std::set<std::string> ran(second_ran.begin(), second_ran.end());
+  EXPECT_EQ(ran, (std::set<std::string>{"2", "3", "4", "5"})) << "the handed-back pair and the two never read";
+}
+
 TEST_F(StreamWorkerTest, BadOptionsAreRefusedByName) {
   job::GuardedRunner runner(leases, cls("w-bad"), backends());
   job::AsyncJobEffect effect = [](job::WorkItem&) -> asio::awaitable<std::string> { co_return ""; };

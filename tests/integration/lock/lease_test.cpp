@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
 #include "jobguard/error.hpp"
@@ -103,4 +104,61 @@ TEST_F(LeaseTest, ALeaseEndedByTheHardTimeoutDeletesItsKey) {
   EXPECT_FALSE(lease->release());
   EXPECT_EQ(admin("GET " + next->key()), next->token());
   EXPECT_TRUE(next->release());
+}
+
+// Renewals due together share one script call; a key taken in the middle of
+// that batch loses its own lease and no other.
+TEST_F(LeaseTest, ABatchOfRenewalsLosesOnlyTheLeasesWhoseKeysWereTaken) {
+  constexpr int kLeases = 300;  // more than one batch of 256
+  std::vector<Lease> leases;
+  for (int i = 0; i < kLeases; ++i) {
+    auto l = sched->acquire(resource("batch" + std::to_string(i)), LockOptions{.ttl = 600ms});
+    ASSERT_TRUE(l);
+    leases.push_back(std::move(*l));
+  }
+  for (int i : {3, 150, 299}) admin("SET " + leases[static_cast<std::size_t>(i)].key() + " intruder PX 10000");
+  const auto before = sched->stats();
+  const auto commands_before = client->stats().commands;
+  std::this_thread::sleep_for(1500ms);  // several renewals each
+  const auto commands = client->stats().commands - commands_before;
+  for (int i = 0; i < kLeases; ++i) {
+    const auto& l = leases[static_cast<std::size_t>(i)];
+    if (i == 3 || i == 150 || i == 299) {
+      EXPECT_EQ(l.state(), LeaseState::token_gone) << i;
+      EXPECT_EQ(admin("GET " + l.key()), "intruder") << i;
+    } else {
+      EXPECT_FALSE(l.lost()) << i << ": " << l.reason();
+      EXPECT_EQ(admin("GET " + l.key()), l.token()) << i;
+    }
+  }
+  const auto st = sched->stats();
+  const auto renewals = st.renewals_sent - before.renewals_sent;
+  EXPECT_GE(renewals, static_cast<std::uint64_t>(kLeases) * 2);
+  // One command per batch, not per renewal (the client counts what it sent).
+  EXPECT_LT(commands * 10, renewals) << commands << " commands carried " << renewals << " renewals";
+  // ... plus one incident record (XADD) per lease lost (admin::record_incident).
+  EXPECT_LE(commands, st.renewal_batches - before.renewal_batches + 2 + 3);
+}
+
+TEST_F(LeaseTest, ExtendManyAnswersEachEntryAndNamesTheServerOnError) {
+  auto a = svc->acquire(resource("em-a"), LockOptions{.ttl = 5s});
+  auto b = svc->acquire(resource("em-b"), LockOptions{.ttl = 5s});
+  ASSERT_TRUE(a && b);
+  std::promise<std::pair<Error, std::vector<bool>>> p;
+  std::vector<LockService::ExtendEntry> entries{{a->resource(), a->token(), 60s},
+                                                {b->resource(), "not-the-token", 60s},
+                                                {resource("em-none"), "x", 60s}};
+  svc->async_extend_many(entries, [&](const Error& e, std::vector<bool> ours) { p.set_value({e, ours}); });
+  auto [err, ours] = p.get_future().get();
+  ASSERT_FALSE(err) << err.what();
+  EXPECT_EQ(ours, (std::vector<bool>{true, false, false}));
+  EXPECT_GT(std::stoll(admin("PTTL " + a->key())), 10000);
+  EXPECT_LE(std::stoll(admin("PTTL " + b->key())), 5000) << "a wrong token must not extend";
+
+  server->kill();
+  std::promise<Error> q;
+  svc->async_extend_many(entries, [&](const Error& e, std::vector<bool>) { q.set_value(e); });
+  const Error e = q.get_future().get();
+  EXPECT_TRUE(e);
+  EXPECT_NE(std::string(e.what()).find(std::to_string(server->port())), std::string::npos) << e.what();
 }

@@ -1,0 +1,116 @@
+#include "lock/composed.hpp"
+
+#include <fmt/format.h>
+
+#include <boost/asio/post.hpp>
+#include <memory>
+
+#include "jobguard/observe/metrics.hpp"
+#include "jobguard/redis/client.hpp"
+#include "lock/quarantine.hpp"
+
+namespace jobguard {
+namespace lock_scripts {
+extern const std::string_view acquire;
+extern const std::string_view release;
+}  // namespace lock_scripts
+
+namespace detail {
+namespace {
+std::string as_function(std::string_view name, std::string_view body) {
+  return fmt::format("local function {}(KEYS, ARGV)\n{}\nend\n", name, body);
+}
+
+void answer(LockService& svc, ComposedHandler done, Error e, ComposedResult r) {
+  // Posted: a caller's completion never runs inside its initiating call.
+  boost::asio::post(svc.client().get_executor(),
+                    [done = std::move(done), e = std::move(e), r = std::move(r)]() mutable { done(e, std::move(r)); });
+}
+}  // namespace
+
+std::string acquire_as_function() { return as_function("acquire", lock_scripts::acquire); }
+std::string release_as_function() { return as_function("release", lock_scripts::release); }
+
+void async_attempt_composed(LockService& svc, std::string resource, const LockOptions& opts, ComposedAttempt c,
+                            ComposedHandler done) {
+  KeyBuilder::validate_resource(resource);
+  auto gate = std::static_pointer_cast<StateGate>(svc.gate());
+  // Fair grants queue and wait; a gate that must check the server first (or
+  // refuses grants) is the waiter's business: both take the ordinary path.
+  auto ticket = opts.fair ? nullptr : gate->ready();
+  if (!ticket || opts.ttl > svc.max_ttl() || opts.ttl < std::chrono::milliseconds(10))
+    return answer(svc, std::move(done), Error(), {});
+  const auto& k = svc.keys();
+  std::vector<std::string> keys{k.lock_key(resource), k.fence_key(resource), k.queue_key(resource),
+                                k.queue_expiry_key(resource)};
+  keys.insert(keys.end(), std::make_move_iterator(c.keys.begin()), std::make_move_iterator(c.keys.end()));
+  std::string token = make_token(opts.job_id);
+  std::vector<std::string> args{token, std::to_string(opts.ttl.count()), opts.fence ? "1" : "0", "0", "0", "0", "",
+                                ticket->evicted};
+  args.insert(args.end(), std::make_move_iterator(c.args.begin()), std::make_move_iterator(c.args.end()));
+  const auto sent_at = svc.clock().now();
+  auto self = svc.shared_from_this();
+  svc.client().async_eval(
+      *c.script, std::move(keys), std::move(args),
+      [self, gate, ticket, sent_at, resource = std::move(resource), opts, token, done = std::move(done)](
+          std::error_code ec, redis::Reply r) mutable {
+        auto& m = self->class_metrics(opts.lock_class);
+        const auto& client = self->client();
+        const std::string key = self->keys().lock_key(resource);
+        if (ec) {
+          m.redis_errors_total.inc();
+          return done(redis::to_error(ec, r, client.address(), "acquire of " + key), {});
+        }
+        if (!r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer())
+          return done(Error(errc::protocol_error,
+                            fmt::format("{}: acquire of {}: unexpected reply to a composed script: {}",
+                                        client.address(), key, redis::to_debug_string(r))),
+                      {});
+        ComposedResult out;
+        out.token = token;
+        if (r.elements.size() > 2) out.part = std::move(r.elements[2]);
+        const auto status = r.elements[0].integer;
+        if (status == 2) {
+          out.status = ComposedStatus::declined;
+          return done(Error(), std::move(out));
+        }
+        if (status == -1) {
+          gate->invalidate();  // evicted keys: the gate checks the server again
+          return done(Error(), std::move(out));
+        }
+        if (status == 0) {
+          out.status = ComposedStatus::busy;
+          m.busy_total.inc();
+          if (opts.wait.count() == 0) {
+            // A finished try-once acquire, counted as the waiter counts one.
+            m.wait_seconds.observe(self->clock().now() - sent_at);
+            m.contended_total.inc();
+          }
+          return done(Error(), std::move(out));
+        }
+        if (!gate->current(*ticket)) {
+          // Granted on a connection the gate has not checked: maybe a server
+          // that lost its state. Handed back unused, as the waiter does.
+          self->async_release(resource, token, nullptr, false);
+          return done(Error(), std::move(out));
+        }
+        std::optional<std::int64_t> fence;
+        if (r.elements[1].is_integer() && r.elements[1].integer >= 0) fence = r.elements[1].integer;
+        m.wait_seconds.observe(self->clock().now() - sent_at);
+        m.acquisitions_total.inc();
+        out.status = ComposedStatus::granted;
+        out.lock = self->make_lock(std::move(resource), key, std::move(token), fence, opts, sent_at, ticket->epoch);
+        done(Error(), std::move(out));
+      });
+}
+
+}  // namespace detail
+
+void Lock::released_by_script(bool ours) noexcept {
+  if (!held_) return;
+  held_ = false;
+  metrics_->hold_seconds.observe(service_->clock().now() - acquired_at_);
+  (ours ? metrics_->releases_total : metrics_->released_not_owner_total).inc();
+}
+
+}  // namespace jobguard

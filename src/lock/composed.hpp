@@ -1,0 +1,67 @@
+// Internal to the library (src/job's guarded runner uses it): a lock's grant
+// or release in the same script call as the caller's own work, so a guarded
+// job's claim (completion record check + grant + idempotency key) and its
+// finish (key completed + record + release) are one round trip each instead
+// of three.
+//
+// The lock's rules stay in acquire.lua and release.lua: a composed script
+// embeds them as Lua functions (acquire_as_function(), release_as_function())
+// and calls them; nothing of their logic is repeated.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "jobguard/error.hpp"
+#include "jobguard/lock.hpp"
+#include "jobguard/redis/reply.hpp"
+#include "jobguard/redis/script.hpp"
+
+namespace jobguard::detail {
+
+// acquire.lua as `local function acquire(KEYS, ARGV) ... end`, and release.lua
+// as `local function release(KEYS, ARGV) ... end`: their parameters shadow
+// the globals, so each reads the keys and arguments it is given.
+std::string acquire_as_function();
+std::string release_as_function();
+
+// A try-once, non-fair grant attempt through `script`, which gets acquire.lua's
+// four keys and eight arguments first (pass them to acquire() as they are)
+// and the caller's after them. It returns {status, fence or pttl, part}:
+// status 1 granted, 0 busy, -1 keys evicted since the gate's check (all as
+// acquire.lua), 2 declined by the caller's own check before the grant; `part`
+// is the caller's and handed back as it is.
+struct ComposedAttempt {
+  const redis::Script* script = nullptr;  // static: outlives the call
+  std::vector<std::string> keys;          // after acquire.lua's four
+  std::vector<std::string> args;          // after its eight
+};
+
+enum class ComposedStatus {
+  granted,
+  busy,      // held by another: counted as a finished try-once when opts.wait is 0
+  declined,  // the caller's check said no; no lock
+  // Not answered by the lock: the state gate was not ready (a check or a
+  // quarantine pending), keys were evicted, or the grant came on a connection
+  // the gate did not check (handed back). Take the ordinary acquire path; the
+  // caller's part may still have run (`part`).
+  fallback,
+};
+
+struct ComposedResult {
+  ComposedStatus status = ComposedStatus::fallback;
+  std::optional<Lock> lock;  // granted
+  redis::Reply part;         // the caller's part of the reply (nil when the script gave none)
+  std::string token;         // the token the attempt used (its idempotency owner may derive from it)
+};
+
+// `done` runs on the event loop, never inside this call. An Error when the
+// script failed or the server could not be reached: the attempt is in doubt
+// (it may have run), as any acquire whose reply was lost.
+using ComposedHandler = std::function<void(const Error&, ComposedResult)>;
+void async_attempt_composed(LockService& svc, std::string resource, const LockOptions& opts, ComposedAttempt c,
+                            ComposedHandler done);
+
+}  // namespace jobguard::detail
