@@ -40,6 +40,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     respond(http::error_response(503, "redis: down"));
   });
   router.add("/boom", [](const http::Request&, const http::Router::Respond&) { throw std::runtime_error("bad\nthing"); });
+  // The dashboard's action shape: a POST whose form body is decoded.
+  router.add(http::Route{"/act", {"POST"}, [](const http::Request& req, const http::Router::Respond& respond) {
+                           http::Response r;
+                           const auto form = http::parse_form(req.body);
+                           r.body = form ? "ok " + std::to_string(form->size()) : "malformed";
+                           respond(std::move(r));
+                         }});
 
   http::Limits limits;
   limits.max_header_bytes = 512;
@@ -51,6 +58,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     while (st == http::RequestParser::State::done) {
       const http::Request& req = parser.request();
       if (req.path.empty() || req.path.front() != '/') jobguard::fuzz::fail("path without '/'");
+      if (req.body.size() > limits.max_body_bytes) jobguard::fuzz::fail("body over the limit");
+      if (const auto q = http::parse_form(req.query))
+        for (const auto& [k, v] : *q)
+          if (k.size() > req.query.size() || v.size() > req.query.size()) jobguard::fuzz::fail("form decoding grew");
       int calls = 0;
       router.dispatch(req, [&](http::Response r) {
         ++calls;

@@ -7,6 +7,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       redis-server redis-tools postgresql-15 openssl
+      chromium   # the dashboard's browser test drives Debian's chromium (tests/browser)
       clang libclang-rt-14-dev)  # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -17,12 +18,16 @@ done
 # Debian's npm package conflicts with such installs.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "jobguard: missing Debian packages: ${missing[*]} (run as root or install them)" >&2
-  exit 69
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "jobguard: missing Debian packages: ${missing[*]} (run as root or install them)" >&2
+    exit 69
+  fi
+  echo "jobguard: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "jobguard: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The browser test's playwright-core, from its committed lock (no browser
+# download: it drives the chromium above).
+bash "$(dirname "${BASH_SOURCE[0]}")/npm-ci.sh" "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/browser"

@@ -154,7 +154,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   rel->add_option("--holder", a->holder, "Release only if this is still the holder (host/pid/job)");
   out.emplace_back(rel, [&g, a] { return run_release(g, *a); });
 
-  auto* audit = locks->add_subcommand("audit", "Force releases, newest first");
+  auto* audit = locks->add_subcommand("audit", "Force releases and the dashboard's other actions, newest first");
   audit->fallthrough();
   audit->add_option("--count", a->count, "Show at most N")->capture_default_str();
   out.emplace_back(audit, [&g, a] { return run_audit(g, *a); });

@@ -1,15 +1,20 @@
 // `jobguard serve --listen HOST:PORT`: serves this process's lock metrics
-// (/metrics, /metrics.json, /healthz: Redis answers PING) until SIGINT or
-// SIGTERM.
+// (/metrics, /metrics.json, /healthz: Redis answers PING) and the dashboard
+// (/, /api/...: observe/dashboard.hpp) until SIGINT or SIGTERM.
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
 
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
@@ -19,6 +24,8 @@
 #include "jobguard/redis/command.hpp"
 #include "jobguard/redis/options.hpp"
 #include "jobguard/observe/fleet.hpp"
+#include "jobguard/job/catalog.hpp"
+#include "jobguard/observe/dashboard.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -38,7 +45,36 @@ std::function<void(std::function<void(bool, std::string)>)> redis_health_check(
   };
 }
 
-int serve(const Globals& g, const std::string& listen, const std::string& health_timeout) {
+struct ServeArgs {
+  std::string listen = "127.0.0.1:9464";
+  std::string health_timeout = "1s";
+  std::string admin_token_file, catalog, group = "jobguard", key_prefix = "jobguard";
+  std::vector<std::string> streams;
+};
+
+// The admin token comes from a file or the environment, never from argv,
+// which every local user can read in ps.
+std::string admin_token(const ServeArgs& a) {
+  std::string token;
+  if (!a.admin_token_file.empty()) {
+    std::ifstream in(a.admin_token_file);
+    if (!in) throw Error(errc::invalid_argument, fmt::format("--admin-token-file {}: cannot read it", a.admin_token_file));
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    token = ss.str();
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+    if (token.empty()) throw Error(errc::invalid_argument, fmt::format("--admin-token-file {} is empty", a.admin_token_file));
+  } else if (const char* env = std::getenv("JOBGUARD_ADMIN_TOKEN"); env && *env) {
+    token = env;
+  }
+  if (!token.empty() && token.size() < 16)
+    throw Error(errc::invalid_argument, "the admin token must be at least 16 bytes (e.g. openssl rand -hex 24)");
+  return token;
+}
+
+int serve(const Globals& g, const ServeArgs& a) {
+  const std::string& listen = a.listen;
+  const std::string& health_timeout = a.health_timeout;
   observe::MetricsServerOptions opt;
   opt.listen = observe::parse_listen_address(listen);  // throws invalid_argument -> exit 64
   // Block the signals before the Redis client's and the server's threads
@@ -52,9 +88,16 @@ int serve(const Globals& g, const std::string& listen, const std::string& health
   const auto deadline = parse_duration_ms(health_timeout, "--health-timeout");
   if (deadline <= std::chrono::milliseconds::zero())
     throw Error(errc::invalid_argument, "--health-timeout must be positive");
-  // The server waits a little longer than the PING's own deadline, so the
-  // answer names Redis rather than a generic timeout.
-  opt.handler_timeout = deadline + std::chrono::milliseconds(500);
+  observe::DashboardOptions dopt;
+  dopt.prefix = a.key_prefix;
+  dopt.admin_token = admin_token(a);
+  dopt.streams = a.streams;
+  dopt.group = a.group;
+  if (!a.catalog.empty()) dopt.catalog = std::make_shared<const job::Catalog>(job::Catalog::load(a.catalog));
+  // The server waits longer than the PING's own deadline, so the answer
+  // names Redis rather than a generic timeout; and long enough for a
+  // dashboard listing of tens of thousands of locks on a loaded host.
+  opt.handler_timeout = std::max(deadline + std::chrono::milliseconds(500), std::chrono::milliseconds(10000));
   auto conn = redis::parse_url(g.redis_url);  // throws invalid_url -> exit 64
   if (conn.client_name.empty()) conn.client_name = "jobguard-serve";
   auto client = std::make_shared<redis::Client>(conn);  // connects in the background
@@ -65,20 +108,25 @@ int serve(const Globals& g, const std::string& listen, const std::string& health
   observe::FleetExporter fleet(*client);
   opt.extra_metrics = [&fleet] { return fleet.text(); };
 
+  // Before the server, so its handlers never outlive it.
+  observe::Dashboard dashboard(*client, dopt);
+  opt.routes = dashboard.routes();
   observe::MetricsServer server(observe::Registry::global(), opt);
   server.start();
   if (!server.loopback_only())
-    std::fputs(fmt::format("jobguard serve: warning: {} is reachable from other hosts and its endpoints have no "
+    std::fputs(fmt::format("jobguard serve: warning: {} is reachable from other hosts and its read endpoints have no "
                            "authentication; listen on 127.0.0.1 unless a firewall or proxy guards it\n",
                            server.base_url())
                    .c_str(),
                stderr);
   if (g.json) {
-    std::fputs((nlohmann::json{{"listening", server.base_url()}, {"port", server.port()}}.dump() + "\n").c_str(),
-               stdout);
+    const nlohmann::json ready{{"listening", server.base_url()}, {"port", server.port()},
+                               {"dashboard", server.base_url() + "/"}, {"actions", dashboard.actions_enabled()}};
+    std::fputs((ready.dump() + "\n").c_str(), stdout);
   } else {
-    std::fputs(fmt::format("jobguard serve: listening on {} (GET /metrics, /metrics.json, /healthz)\n",
-                           server.base_url())
+    std::fputs(fmt::format("jobguard serve: listening on {} (GET /metrics, /metrics.json, /healthz; dashboard {}/, {})\n",
+                           server.base_url(), server.base_url(),
+                           dashboard.actions_enabled() ? "actions enabled" : "read-only")
                    .c_str(),
                stdout);
   }
@@ -92,18 +140,26 @@ int serve(const Globals& g, const std::string& listen, const std::string& health
 }
 
 void add(CLI::App& root, Globals& g, Commands& out) {
-  auto* sub = root.add_subcommand("serve", "Serve lock metrics for Prometheus until SIGINT/SIGTERM");
-  auto listen = std::make_shared<std::string>("127.0.0.1:9464");
-  sub->add_option("--listen", *listen, "HOST:PORT to listen on; [IPv6]:PORT; port 0 picks a free one")
+  auto* sub = root.add_subcommand("serve", "Serve lock metrics and the live dashboard until SIGINT/SIGTERM");
+  auto a = std::make_shared<ServeArgs>();
+  sub->add_option("--listen", a->listen, "HOST:PORT to listen on; [IPv6]:PORT; port 0 picks a free one")
       ->capture_default_str();
-  auto health_timeout = std::make_shared<std::string>("1s");
-  sub->add_option("--health-timeout", *health_timeout, "Deadline of the Redis PING behind /healthz")
+  sub->add_option("--health-timeout", a->health_timeout, "Deadline of the Redis PING behind /healthz")
       ->check(duration_validator())
       ->capture_default_str();
+  sub->add_option("--admin-token-file", a->admin_token_file,
+                  "Enable the dashboard's actions (force release, dead-letter retry) for requests carrying the token in "
+                  "FILE (else $JOBGUARD_ADMIN_TOKEN; neither: read-only)");
+  sub->add_option("--catalog", a->catalog, "Lock catalog YAML: each lock's class and declared TTL on the dashboard");
+  sub->add_option("--stream", a->streams, "A job stream the dashboard shows (repeatable)");
+  sub->add_option("--group", a->group, "Consumer group of the streams")->capture_default_str();
+  sub->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
   sub->footer(
       "Endpoints: GET /metrics (Prometheus text 0.0.4), GET /metrics.json, GET /healthz (200 \"ok\" while Redis "
-      "answers PING, else 503 with the reason).");
-  out.emplace_back(sub, [&g, listen, health_timeout] { return serve(g, *listen, *health_timeout); });
+      "answers PING, else 503 with the reason), GET / (the dashboard) and the JSON API under /api "
+      "(docs/dashboard.md). Actions are POSTs with Authorization: Bearer TOKEN and a reason; without a token "
+      "configured they answer 403.");
+  out.emplace_back(sub, [&g, a] { return serve(g, *a); });
 }
 
 }  // namespace

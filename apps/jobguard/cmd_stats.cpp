@@ -12,6 +12,7 @@
 #include "cli.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/observe/fleet.hpp"
+#include "jobguard/observe/json.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/options.hpp"
 
@@ -24,7 +25,6 @@ struct StatsArgs {
   std::string prefix = "jobguard";
 };
 
-nlohmann::json opt_num(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
 
 std::string ms_text(std::optional<double> seconds) {
   if (!seconds) return "-";
@@ -55,33 +55,7 @@ int stats(const Globals& g, const StatsArgs& a) {
     out["span_seconds"] = snap.span_seconds;
     out["as_of_unix"] = std::chrono::duration<double>(snap.as_of.time_since_epoch()).count();
     out["classes"] = nlohmann::ordered_json::array();
-    for (const auto& c : snap.classes) {
-      const auto& n = c.counts;
-      out["classes"].push_back(nlohmann::ordered_json{
-          {"class", c.lock_class},
-          {"acquisitions_per_second", c.acquisitions_per_second()},
-          {"contention_ratio", opt_num(c.contention_ratio())},
-          {"hold_avg_seconds", opt_num(c.hold_avg_seconds())},
-          {"hold_p50_seconds", opt_num(c.hold_quantile_seconds(0.5))},
-          {"hold_p99_seconds", opt_num(c.hold_quantile_seconds(0.99))},
-          {"expired_per_minute", c.expired_per_minute()},
-          {"attempts", n.attempts},
-          {"acquisitions", n.acquisitions},
-          {"contended", n.contended},
-          {"busy", n.busy},
-          {"releases", n.releases},
-          {"released_not_owner", n.released_not_owner},
-          {"leases_lost", n.leases_lost},
-          {"expired", n.expired()},
-          {"hold_count", n.hold_count()},
-          {"hold_sum_seconds", static_cast<double>(n.hold_sum_ns) / 1e9},
-          {"renewals", n.renewals},
-          {"renewal_failures", n.renewal_failures},
-          {"fail_open", n.fail_open},
-          {"stale_writes_rejected", n.stale_writes_rejected},
-          {"redis_errors", n.redis_errors},
-      });
-    }
+    for (const auto& c : snap.classes) out["classes"].push_back(observe::to_json(c));
     std::fputs((out.dump() + "\n").c_str(), stdout);
     return exit_code::ok;
   }

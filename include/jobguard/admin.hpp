@@ -84,13 +84,50 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
 struct AuditRecord {
   std::string id;              // stream entry id; its first part is the unix time in ms
   std::int64_t at_ms = 0;
+  // "force_release" (also for records written before actions had names), or
+  // another operator action ("retry_dead_letter": the dashboard's retry).
+  std::string action = "force_release";
   std::string resource, holder, who, reason;
   std::int64_t fence = 0;      // the fence the release advanced to
   std::int64_t ttl_left_ms = 0;
+  std::string job;             // retry_dead_letter: "<dead-letter id> -> <new id>"
 };
 
-// The newest `count` force releases, newest first.
+// The newest `count` audit records (force releases and other operator
+// actions), newest first.
 std::vector<AuditRecord> read_audit(LockService& service, std::size_t count = 100);
+
+// Appends an operator action other than a force release (which its script
+// records atomically) to the audit stream: action, resource, job, who,
+// reason (required: Error(invalid_argument) without one). Returns the entry id.
+std::string append_audit(LockService& service, const AuditRecord& record, std::size_t maxlen = 10000);
+
+// --- incidents: what went wrong, one record each, for the dashboard's timeline ---
+// The library appends one when a lease is lost (LeaseScheduler), a stale
+// fencing token is rejected or a job ran fail-open (job::GuardedRunner), to
+// the capped stream "<prefix>:incidents". The fleet's counters count every
+// such event; these records add the key, the job and the time, best effort:
+// an incident that happens while Redis is unreachable (a fail-open run, a
+// lease lost to a partition) is counted but may not be recorded.
+
+struct Incident {
+  std::string id;        // stream entry id (read_incidents)
+  std::int64_t at_ms = 0;
+  std::string kind;      // "lease_lost", "stale_fence_rejected", "fail_open"
+  std::string resource;  // the lock's resource
+  std::string job;       // the holder's owner ("host/pid/job") or the job id
+  std::string lock_class;
+  std::string detail;    // why, one line
+};
+
+// "<prefix>:incidents".
+std::string incidents_key(const KeyBuilder& keys);
+// Appends `incident` (XADD MAXLEN ~ 10000) without waiting for the answer:
+// never blocks, never throws, so the loop thread may call it; a failure is
+// dropped. The fields are cut to 512 bytes each.
+void record_incident(redis::Client& client, const KeyBuilder& keys, const Incident& incident);
+// The newest `count` incidents, newest first. Blocking.
+std::vector<Incident> read_incidents(LockService& service, std::size_t count = 100);
 
 // --- what `jobguard locks` prints (pure; any thread) -----------------------------
 // The CLI is a thin layer over these, so another tool (a chat bot, a web page)

@@ -44,11 +44,13 @@
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/job/supervisor.hpp"
 #include "jobguard/job/worker.hpp"
+#include "jobguard/observe/dashboard.hpp"  // compiled into jobguard::job (it reads locks, streams, the catalog)
 #include "jobguard/observe/doctor.hpp"  // compiled into jobguard::job (it checks PostgreSQL too)
 
 // jobguard::observe
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/exposition.hpp"
 #include "jobguard/observe/fleet.hpp"
+#include "jobguard/observe/http.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/observe/metrics_server.hpp"

@@ -10,6 +10,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <limits>
 
+#include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
@@ -468,6 +469,24 @@ awaitable<RunResult> GuardedRunner::run_coro(Unit unit, Body body) {
   };
   if (a.lease) co_await release(*a.lease);
   if (a.lock && a.lock->held()) co_await release(*a.lock);  // not when the one-call finish released it
+  // The dashboard timeline's records (admin::record_incident; lost leases
+  // are recorded by the lease itself). After the release, so a fail-open run
+  // is recorded if Redis answers again by now; dropped if it does not.
+  auto& svc = leases_->service();
+  admin::Incident incident;
+  incident.resource = a.resource;
+  incident.job = a.job_id;
+  incident.lock_class = cls_.name;
+  if (r.outcome == Outcome::stale) {
+    incident.kind = "stale_fence_rejected";
+    incident.detail = r.detail;
+    admin::record_incident(svc.client(), svc.keys(), incident);
+  }
+  if (a.fail_open) {
+    incident.kind = "fail_open";
+    incident.detail = fmt::format("ran without the lock: {}", to_string(r.outcome));
+    admin::record_incident(svc.client(), svc.keys(), incident);
+  }
   r.elapsed = std::chrono::duration_cast<milliseconds>(clock_->now() - a.t0);
   emit(a, r.outcome == Outcome::already_done ? "skipped" : r.ok() ? "completed" : "failed", to_string(r.outcome),
        r.detail);

@@ -250,6 +250,25 @@ std::vector<PendingEntry> StreamSource::pending(std::size_t max) {
   return out;
 }
 
+namespace {
+DeadLetter to_dead_letter(StreamJob entry) {
+  DeadLetter d;
+  d.id = entry.id;
+  // The bookkeeping fields come first (dead_letter below); a job field with
+  // the same name after them stays a job field.
+  std::size_t i = 0;
+  for (; i < entry.fields.size() && i < 3; ++i) {
+    const auto& [k, v] = entry.fields[i];
+    if (k == "source_id") d.source_id = v;
+    else if (k == "attempts") d.attempts = std::strtoll(v.c_str(), nullptr, 10);
+    else if (k == "last_error") d.last_error = v;
+    else break;
+  }
+  d.fields.assign(entry.fields.begin() + static_cast<std::ptrdiff_t>(i), entry.fields.end());
+  return d;
+}
+}  // namespace
+
 std::vector<DeadLetter> StreamSource::dead_letters(std::size_t max) {
   std::vector<DeadLetter> out;
   if (max == 0) return out;
@@ -258,23 +277,40 @@ std::vector<DeadLetter> StreamSource::dead_letters(std::size_t max) {
   if (!r.is_array()) return out;
   for (const auto& e : r.elements) {
     auto entry = parse_entry(e);
-    if (!entry) continue;
-    DeadLetter d;
-    d.id = entry->id;
-    // The bookkeeping fields come first (dead_letter below); a job field with
-    // the same name after them stays a job field.
-    std::size_t i = 0;
-    for (; i < entry->fields.size() && i < 3; ++i) {
-      const auto& [k, v] = entry->fields[i];
-      if (k == "source_id") d.source_id = v;
-      else if (k == "attempts") d.attempts = std::strtoll(v.c_str(), nullptr, 10);
-      else if (k == "last_error") d.last_error = v;
-      else break;
-    }
-    d.fields.assign(entry->fields.begin() + static_cast<std::ptrdiff_t>(i), entry->fields.end());
-    out.push_back(std::move(d));
+    if (entry) out.push_back(to_dead_letter(std::move(*entry)));
   }
   return out;
+}
+
+std::optional<DeadLetter> StreamSource::dead_letter_entry(std::string_view id) {
+  Reply r = client_.exec(Command{"XRANGE", opts_.dead_letter, std::string(id), std::string(id)},
+                         CallOptions{opts_.call_timeout});
+  if (!r.is_array() || r.elements.empty()) return std::nullopt;
+  auto entry = parse_entry(r.elements[0]);
+  if (!entry) return std::nullopt;
+  return to_dead_letter(std::move(*entry));
+}
+
+std::optional<std::string> StreamSource::retry_dead_letter(std::string_view id) {
+  auto d = dead_letter_entry(id);
+  if (!d) return std::nullopt;
+  std::vector<std::string> args{"XADD", opts_.stream, "*"};
+  for (auto& [k, v] : d->fields) {
+    args.push_back(std::move(k));
+    args.push_back(std::move(v));
+  }
+  if (args.size() == 3) {
+    // XADD needs a field: a dead letter that kept none is retried as what it was.
+    args.push_back("source_id");
+    args.push_back(d->source_id);
+  }
+  // Re-added first, then removed: a crash in between leaves the job in both
+  // streams (a duplicate delivery, which completion records absorb), never in
+  // neither. Two commands, not a script: the streams may live in different
+  // cluster slots.
+  Reply added = client_.exec(Command(args), CallOptions{opts_.call_timeout});
+  client_.exec(Command{"XDEL", opts_.dead_letter, std::string(id)}, CallOptions{opts_.call_timeout});
+  return added.str;
 }
 
 awaitable<bool> StreamSource::async_fail(StreamJob job, std::string error) {

@@ -77,6 +77,18 @@ std::vector<LockInfo> inspect_batch(LockService& service, const std::vector<std:
   return std::move(sh->out);
 }
 
+// Each entry of an XRANGE/XREVRANGE reply: its id, its time (the id's first
+// part, unix ms) and its fields as a flat name, value, ... list.
+template <class Fn>
+void for_each_entry(const redis::Reply& r, Fn fn) {
+  if (!r.is_array()) return;
+  for (const auto& entry : r.elements) {
+    if (!entry.is_array() || entry.elements.size() != 2) continue;
+    const std::string& id = entry.elements[0].str;
+    fn(id, to_i64(std::string_view(id).substr(0, id.find('-'))), entry.elements[1].elements);
+  }
+}
+
 }  // namespace
 
 std::string audit_key(const KeyBuilder& keys) { return keys.prefix() + ":audit"; }
@@ -167,13 +179,10 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
   auto r = service.client().exec(
       redis::Command{"XREVRANGE", audit_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
   std::vector<AuditRecord> out;
-  if (!r.is_array()) return out;
-  for (const auto& entry : r.elements) {
-    if (!entry.is_array() || entry.elements.size() != 2) continue;
+  for_each_entry(r, [&](const std::string& id, std::int64_t at_ms, const std::vector<redis::Reply>& f) {
     AuditRecord a;
-    a.id = entry.elements[0].str;
-    a.at_ms = to_i64(std::string_view(a.id).substr(0, a.id.find('-')));
-    const auto& f = entry.elements[1].elements;
+    a.id = id;
+    a.at_ms = at_ms;
     for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
       const auto& name = f[i].str;
       const auto& v = f[i + 1].str;
@@ -183,10 +192,61 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
       else if (name == "reason") a.reason = v;
       else if (name == "fence") a.fence = to_i64(v);
       else if (name == "ttl_left_ms") a.ttl_left_ms = to_i64(v);
+      else if (name == "action") a.action = v;
+      else if (name == "job") a.job = v;
     }
     out.push_back(std::move(a));
-  }
+  });
   return out;
+}
+
+std::string incidents_key(const KeyBuilder& keys) { return keys.prefix() + ":incidents"; }
+
+void record_incident(redis::Client& client, const KeyBuilder& keys, const Incident& incident) {
+  const auto cut = [](const std::string& v) { return v.size() > 512 ? v.substr(0, 512) : v; };
+  try {
+    redis::Command cmd{"XADD", incidents_key(keys), "MAXLEN", "~", "10000", "*",
+                       "kind", cut(incident.kind), "resource", cut(incident.resource), "job", cut(incident.job),
+                       "class", cut(incident.lock_class), "detail", cut(incident.detail)};
+    // Whoever records an incident is already handling a failure: a second
+    // one (Redis unreachable, an ACL without XADD) must not add to it.
+    client.async_exec(std::move(cmd), [](std::error_code, const redis::Reply&) {});
+  } catch (const std::exception&) {
+  }
+}
+
+std::vector<Incident> read_incidents(LockService& service, std::size_t count) {
+  std::vector<Incident> out;
+  if (count == 0) return out;
+  auto r = service.client().exec(
+      redis::Command{"XREVRANGE", incidents_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
+  for_each_entry(r, [&](const std::string& id, std::int64_t at_ms, const std::vector<redis::Reply>& f) {
+    Incident in;
+    in.id = id;
+    in.at_ms = at_ms;
+    for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
+      const auto& name = f[i].str;
+      const auto& v = f[i + 1].str;
+      if (name == "kind") in.kind = v;
+      else if (name == "resource") in.resource = v;
+      else if (name == "job") in.job = v;
+      else if (name == "class") in.lock_class = v;
+      else if (name == "detail") in.detail = v;
+    }
+    out.push_back(std::move(in));
+  });
+  return out;
+}
+
+std::string append_audit(LockService& service, const AuditRecord& record, std::size_t maxlen) {
+  if (record.reason.empty())
+    throw Error(errc::invalid_argument, fmt::format("{} of {}: a reason is required", record.action, record.resource));
+  if (maxlen == 0) throw Error(errc::invalid_argument, "audit maxlen must be >= 1");
+  const std::string who = record.who.empty() ? default_who() : record.who;
+  redis::Command cmd{"XADD", audit_key(service.keys()), "MAXLEN", "~", std::to_string(maxlen), "*",
+                     "action", record.action, "resource", record.resource, "job", record.job,
+                     "who", who, "reason", record.reason};
+  return service.client().exec(std::move(cmd)).str;
 }
 
 }  // namespace admin

@@ -123,8 +123,12 @@ std::string format_audit(const std::vector<AuditRecord>& records) {
     ::gmtime_r(&t, &tm);
     char when[32];
     std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
-    out += fmt::format("{}.{:03}Z  {}  by {}  removed {} ({} ms left), fence -> {}: {}\n", when, r.at_ms % 1000,
-                       r.resource, r.who, r.holder, r.ttl_left_ms, r.fence, r.reason);
+    if (r.action == "force_release")
+      out += fmt::format("{}.{:03}Z  {}  by {}  removed {} ({} ms left), fence -> {}: {}\n", when, r.at_ms % 1000,
+                         r.resource, r.who, r.holder, r.ttl_left_ms, r.fence, r.reason);
+    else
+      out += fmt::format("{}.{:03}Z  {}  by {}  {} {}: {}\n", when, r.at_ms % 1000, r.resource, r.who, r.action,
+                         r.job, r.reason);
   }
   return out;
 }
@@ -156,8 +160,9 @@ std::string release_json(std::string_view resource, const ForceReleaseResult& r)
 std::string audit_json(const std::vector<AuditRecord>& records) {
   auto arr = Json::array();
   for (const auto& r : records)
-    arr.push_back({{"id", r.id}, {"at_ms", r.at_ms}, {"resource", r.resource}, {"holder", r.holder},
-                   {"who", r.who}, {"reason", r.reason}, {"fence", r.fence}, {"ttl_left_ms", r.ttl_left_ms}});
+    arr.push_back({{"id", r.id}, {"at_ms", r.at_ms}, {"action", r.action}, {"resource", r.resource},
+                   {"holder", r.holder}, {"who", r.who}, {"reason", r.reason}, {"fence", r.fence},
+                   {"ttl_left_ms", r.ttl_left_ms}, {"job", r.job}});
   return Json{{"releases", arr}}.dump();
 }
 

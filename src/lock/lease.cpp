@@ -12,6 +12,7 @@
 #include <random>
 #include <utility>
 
+#include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
@@ -142,6 +143,13 @@ struct LeaseScheduler::Impl {
     }
     s->state.store(st);
     s->metrics.leases_lost_total.inc();
+    // The timeline's record, with the key and holder the counter cannot carry
+    // (a hard timeout is the job's own deadline, not an incident).
+    if (st == LeaseState::token_gone || st == LeaseState::expired)
+      if (auto self = owner.lock())
+        admin::record_incident(self->service().client(), self->service().keys(),
+                               {.kind = "lease_lost", .resource = s->lock.resource(),
+                                .job = token_owner(s->lock.token()), .lock_class = s->lock.lock_class(), .detail = why});
     s->metrics.hold_seconds.observe(clock.now() - s->lock.acquired_at());
     lost.fetch_add(1);
     active.fetch_sub(1);

@@ -102,7 +102,8 @@ RequestParser::State RequestParser::parse() {
     head_len_ = end;
   }
   if (buf_.size() - head_len_ < body_len_) return state_ = State::need_more;
-  consumed_ = head_len_ + body_len_;  // the body of a scrape request is ignored
+  req_.body = buf_.substr(head_len_, body_len_);
+  consumed_ = head_len_ + body_len_;
   return state_ = State::done;
 }
 
@@ -141,7 +142,9 @@ bool RequestParser::parse_head(std::string_view head) {
     return fail(505, "only HTTP/1.0 and HTTP/1.1 are served"), false;
   req_.method = std::string(method);
   req_.target = std::string(target);
-  req_.path = std::string(target.substr(0, target.find('?')));
+  const auto q = target.find('?');
+  req_.path = std::string(target.substr(0, q));
+  if (q != std::string_view::npos) req_.query = std::string(target.substr(q + 1));
   req_.minor_version = version[7] - '0';
   req_.keep_alive = req_.minor_version == 1;
 
@@ -158,6 +161,9 @@ bool RequestParser::parse_head(std::string_view head) {
     const std::string_view value = trim(line.substr(colon + 1));
     for (unsigned char c : value)
       if ((c < 0x20 && c != '\t') || c == 0x7f) return fail(400, "control byte in a header value"), false;
+    std::string lower(name);
+    for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    req_.headers.emplace_back(std::move(lower), std::string(value));
     if (ieq(name, "Content-Length")) {
       if (value.empty() || value.size() > 18 ||
           !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
@@ -185,9 +191,12 @@ std::string_view reason_phrase(int status) {
   switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
@@ -215,7 +224,17 @@ Response error_response(int status, std::string_view why) {
   return r;
 }
 
-void Router::add(std::string path, Handler handler) { routes_[std::move(path)] = std::move(handler); }
+void Router::add(std::string path, Handler handler) {
+  Route r;
+  r.path = std::move(path);
+  r.handler = std::move(handler);
+  add(std::move(r));
+}
+
+void Router::add(Route route) {
+  auto path = route.path;
+  routes_[std::move(path)] = std::move(route);
+}
 
 void Router::dispatch(const Request& req, Respond respond) const {
   const auto it = routes_.find(req.path);
@@ -224,9 +243,16 @@ void Router::dispatch(const Request& req, Respond respond) const {
     for (const auto& [path, h] : routes_) known += (known.empty() ? "" : ", ") + path;
     return respond(error_response(404, fmt::format("no such path; try {}", known)));
   }
-  if (req.method != "GET" && req.method != "HEAD") {
-    auto r = error_response(405, "use GET");
-    r.headers.emplace_back("Allow", "GET, HEAD");
+  const auto& methods = it->second.methods;
+  const bool has_get = std::find(methods.begin(), methods.end(), "GET") != methods.end();
+  const bool allowed = std::find(methods.begin(), methods.end(), req.method) != methods.end() ||
+                       (req.method == "HEAD" && has_get);
+  if (!allowed) {
+    std::string allow;
+    for (const auto& m : methods) allow += (allow.empty() ? "" : ", ") + m;
+    if (has_get) allow += ", HEAD";
+    auto r = error_response(405, fmt::format("use {}", allow));
+    r.headers.emplace_back("Allow", allow);
     return respond(std::move(r));
   }
   // A handler that throws before answering gets a 500; one that answered
@@ -234,12 +260,62 @@ void Router::dispatch(const Request& req, Respond respond) const {
   // (Atomic: an asynchronous handler answers from another thread.)
   auto answered = std::make_shared<std::atomic<bool>>(false);
   try {
-    it->second(req, [respond, answered](Response r) {
+    it->second.handler(req, [respond, answered](Response r) {
       if (!answered->exchange(true)) respond(std::move(r));
     });
   } catch (const std::exception& e) {
     if (!answered->exchange(true)) respond(error_response(500, escape_text(e.what())));
   }
+}
+
+std::optional<std::string_view> Request::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (ieq(k, name)) return std::string_view(v);
+  return std::nullopt;
+}
+
+namespace {
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::optional<std::string> form_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out.push_back(' ');
+    } else if (s[i] == '%') {
+      if (i + 2 >= s.size()) return std::nullopt;
+      const int hi = hex_value(s[i + 1]), lo = hex_value(s[i + 2]);
+      if (hi < 0 || lo < 0) return std::nullopt;
+      out.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::optional<std::vector<std::pair<std::string, std::string>>> parse_form(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!text.empty()) {
+    const auto amp = text.find('&');
+    const std::string_view part = text.substr(0, amp);
+    text.remove_prefix(amp == std::string_view::npos ? text.size() : amp + 1);
+    if (part.empty()) continue;
+    const auto eq = part.find('=');
+    auto k = form_decode(part.substr(0, eq));
+    auto v = form_decode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1));
+    if (!k || !v) return std::nullopt;
+    out.emplace_back(std::move(*k), std::move(*v));
+  }
+  return out;
 }
 
 }  // namespace jobguard::observe::http

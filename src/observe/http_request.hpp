@@ -1,13 +1,14 @@
-// Sans-IO HTTP/1.x for the metrics server: request bytes in, requests or an
+// Sans-IO HTTP/1.x for the metrics server and the dashboard: request bytes in, requests or an
 // error status out; a route table that turns a request into a response; the
 // response's bytes. No sockets, so the whole request path is tested and
 // fuzzed by feeding it bytes (tests/unit/observe/http_request_test.cpp,
 // fuzz/http_fuzzer.cpp); metrics_server.cpp is the thin I/O shell around it.
 //
-// Only what a scrape endpoint needs: GET/HEAD with small headers and no
-// body. Anything else gets a precise 4xx/5xx and the connection is closed:
-// 400 malformed, 413 body too large, 431 headers too large, 501 chunked
-// bodies, 505 HTTP versions other than 1.0/1.1.
+// Only what a scrape endpoint and the dashboard need: small headers and a
+// small Content-Length body (the dashboard's action forms). Anything else
+// gets a precise 4xx/5xx and the connection is closed: 400 malformed, 413
+// body too large, 431 headers too large, 501 chunked bodies, 505 HTTP
+// versions other than 1.0/1.1.
 //
 // Threads: a parser or router belongs to one connection / server; not
 // thread-safe.
@@ -21,22 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "jobguard/observe/http.hpp"
+
 namespace jobguard::observe::http {
-
-struct Request {
-  std::string method;  // "GET", "HEAD", ... as sent (tokens are case-sensitive)
-  std::string target;  // "/metrics?x=1" as sent
-  std::string path;    // target without its query
-  int minor_version = 1;  // HTTP/1.<minor>
-  bool keep_alive = true;
-};
-
-struct Response {
-  int status = 200;
-  std::string content_type = "text/plain; charset=utf-8";
-  std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;  // extra headers
-};
 
 struct Limits {
   std::size_t max_header_bytes = 8 * 1024;  // request line + headers; over it: 431
@@ -92,20 +80,23 @@ std::string serialize(const Response& res, bool keep_alive, bool head_request);
 // A plain-text error response: "<reason>: <why>\n".
 Response error_response(int status, std::string_view why);
 
-// Path -> handler. GET and HEAD reach the handler; another method on a known
-// path is 405 (with Allow), an unknown path 404 (listing the known ones).
+// Path -> handler. The route's methods (and HEAD where GET is) reach the
+// handler; another method on a known path is 405 (with Allow), an unknown
+// path 404 (listing the known ones).
 // Handlers answer through `respond`, now or later (exactly once); one that
 // throws answers 500 with the exception's text (escaped).
 class Router {
  public:
-  using Respond = std::function<void(Response)>;
-  using Handler = std::function<void(const Request&, Respond)>;
+  using Respond = http::Respond;
+  using Handler = http::Handler;
 
+  // GET (and HEAD) only.
   void add(std::string path, Handler handler);
+  void add(Route route);
   void dispatch(const Request& req, Respond respond) const;
 
  private:
-  std::map<std::string, Handler, std::less<>> routes_;
+  std::map<std::string, Route, std::less<>> routes_;
 };
 
 }  // namespace jobguard::observe::http

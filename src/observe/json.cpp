@@ -42,4 +42,34 @@ nlohmann::json to_json(const std::vector<LockClassSnapshot>& classes) {
 
 nlohmann::json to_json(const Registry& registry) { return to_json(registry.snapshot()); }
 
+nlohmann::ordered_json to_json(const FleetClassStats& c) {
+  using J = nlohmann::ordered_json;
+  const auto maybe = [](std::optional<double> v) { return v ? J(*v) : J(); };
+  const auto& n = c.counts;
+  return J{
+      {"class", c.lock_class},
+      {"acquisitions_per_second", c.acquisitions_per_second()},
+      {"contention_ratio", maybe(c.contention_ratio())},
+      {"hold_avg_seconds", maybe(c.hold_avg_seconds())},
+      {"hold_p50_seconds", maybe(c.hold_quantile_seconds(0.5))},
+      {"hold_p99_seconds", maybe(c.hold_quantile_seconds(0.99))},
+      {"expired_per_minute", c.expired_per_minute()},
+      {"attempts", n.attempts},
+      {"acquisitions", n.acquisitions},
+      {"contended", n.contended},
+      {"busy", n.busy},
+      {"releases", n.releases},
+      {"released_not_owner", n.released_not_owner},
+      {"leases_lost", n.leases_lost},
+      {"expired", n.expired()},
+      {"hold_count", n.hold_count()},
+      {"hold_sum_seconds", static_cast<double>(n.hold_sum_ns) / 1e9},
+      {"renewals", n.renewals},
+      {"renewal_failures", n.renewal_failures},
+      {"fail_open", n.fail_open},
+      {"stale_writes_rejected", n.stale_writes_rejected},
+      {"redis_errors", n.redis_errors},
+  };
+}
+
 }  // namespace jobguard::observe

@@ -267,6 +267,7 @@ http::Response text(int status, std::string body, std::string content_type = "te
 // The routes. One line each to add another: a handler gets the request and
 // answers through `respond`, now or later (exactly once), on any thread.
 void add_routes(http::Router& router, Registry& registry, const MetricsServerOptions& opt) {
+  for (const auto& r : opt.routes) router.add(r);
   router.add("/metrics", [&registry, &opt](const http::Request&, const http::Router::Respond& respond) {
     respond(text(200, to_prometheus(registry) + (opt.extra_metrics ? opt.extra_metrics() : std::string()),
                  std::string(kPrometheusContentType)));

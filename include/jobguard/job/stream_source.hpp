@@ -123,6 +123,14 @@ class StreamSource {
   std::vector<PendingEntry> pending(std::size_t max);
   // The newest `max` dead-letter entries, newest first.
   std::vector<DeadLetter> dead_letters(std::size_t max);
+  // One dead-letter entry by its id in the dead-letter stream; nullopt when
+  // there is none.
+  std::optional<DeadLetter> dead_letter_entry(std::string_view id);
+  // Puts dead letter `id` back on the job stream with the job's own fields
+  // (a fresh entry: deliveries start again at 1) and removes it from the
+  // dead-letter stream, in that order. Returns the new entry's id; nullopt
+  // when no such dead letter exists (already retried, or never there).
+  std::optional<std::string> retry_dead_letter(std::string_view id);
 
   // --- the same as coroutines on the client's event loop ---------------------
   // Up to `max` jobs: stalled ones first (when a reclaim scan is due, as in

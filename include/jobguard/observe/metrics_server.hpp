@@ -1,5 +1,6 @@
 // A small HTTP server for scrapes: GET /metrics (Prometheus text 0.0.4),
-// GET /metrics.json (the same numbers as JSON), GET /healthz (HEAD too).
+// GET /metrics.json (the same numbers as JSON), GET /healthz (HEAD too),
+// and whatever routes the options add (the dashboard).
 // An unknown path is 404, another method 405, a malformed request 400,
 // oversized headers 431, a body over 4 KiB 413. It runs its own event loop on
 // its own thread, so scrapes never touch the Redis event loop or job threads.
@@ -21,7 +22,9 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "jobguard/observe/http.hpp"
 #include "jobguard/observe/metrics.hpp"
 
 namespace jobguard::observe {
@@ -66,6 +69,11 @@ struct MetricsServerOptions {
   // How long a request waits for an asynchronous answer (the health check)
   // before it gets a 503. Default 2 s; must be positive.
   std::chrono::milliseconds handler_timeout{2000};
+  // More routes (serve: the dashboard and its /api, observe/dashboard.hpp).
+  // Handlers run on the server thread and must not block: one that needs
+  // Redis answers later, from its own thread. A path that is also built in
+  // (/metrics, /metrics.json, /healthz) keeps the built-in one. Default: none.
+  std::vector<http::Route> routes{};
 };
 
 class MetricsServer {

@@ -105,6 +105,34 @@ TEST_F(StreamSourceTest, JobGoesToDeadLetterAfterMaxAttemptsWithTheLastError) {
   EXPECT_EQ(m["chunk"], "9");
 }
 
+TEST_F(StreamSourceTest, ARetriedDeadLetterIsDeliveredAgainWithItsFieldsAndLeavesTheDeadLetters) {
+  auto c = make_client();
+  StreamSource src(*c, opts(50ms, 1));
+  src.ensure_group();
+  const auto id = src.add({{"chunk", "9"}, {"attempts", "job's own field"}});
+  auto j = src.next("w");
+  ASSERT_TRUE(j);
+  ASSERT_TRUE(src.fail(*j, "card declined"));
+  const auto dead = src.dead_letters(10);
+  ASSERT_EQ(dead.size(), 1u);
+  const auto one = src.dead_letter_entry(dead[0].id);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->source_id, id);
+  EXPECT_EQ(one->last_error, "card declined");
+  EXPECT_FALSE(src.dead_letter_entry("1-1"));
+
+  const auto again = src.retry_dead_letter(dead[0].id);
+  ASSERT_TRUE(again);
+  EXPECT_NE(*again, id);
+  EXPECT_EQ(src.length(src.dead_letter_stream()), 0);
+  EXPECT_FALSE(src.retry_dead_letter(dead[0].id)) << "a dead letter is retried once";
+  j = src.next("w");
+  ASSERT_TRUE(j);
+  EXPECT_EQ(j->id, *again);
+  EXPECT_EQ(j->fields, (std::vector<std::pair<std::string, std::string>>{{"chunk", "9"}, {"attempts", "job's own field"}}));
+  EXPECT_EQ(j->deliveries, 1);
+}
+
 TEST_F(StreamSourceTest, JobThatKeepsStallingItsConsumersIsDeadLettered) {
   auto c = make_client();
   StreamSource src(*c, opts(50ms, 2));

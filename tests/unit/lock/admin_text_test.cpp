@@ -108,6 +108,21 @@ TEST(AdminText, ShowReleaseAndAuditLines) {
   EXPECT_EQ(nlohmann::json::parse(audit_json({a})).at("releases")[0].at("reason"), "web-3 is dead");
 }
 
+TEST(AdminText, AuditShowsOtherActionsByName) {
+  AuditRecord a;
+  a.at_ms = 1796099350454;
+  a.action = "retry_dead_letter";
+  a.resource = "billing-jobs";
+  a.job = "1-1 -> 2-0";
+  a.who = "ops@vm via dashboard";
+  a.reason = "card fixed";
+  EXPECT_EQ(format_audit({a}),
+            "2026-12-01T04:29:10.454Z  billing-jobs  by ops@vm via dashboard  retry_dead_letter 1-1 -> 2-0: card fixed\n");
+  const auto j = nlohmann::json::parse(audit_json({a})).at("releases")[0];
+  EXPECT_EQ(j.at("action"), "retry_dead_letter");
+  EXPECT_EQ(j.at("job"), "1-1 -> 2-0");
+}
+
 TEST(AdminText, AResourceOrItsLockKeyNameTheSameLock) {
   const KeyBuilder keys("jobguard");
   EXPECT_EQ(parse_resource(keys, "invoice:1"), "invoice:1");

@@ -168,3 +168,60 @@ TEST(HttpSerialize, StatusLineHeadersAndHeadWithoutBody) {
   EXPECT_NE(head.find("Content-Length: 12\r\n"), std::string::npos);
   EXPECT_EQ(head.substr(head.size() - 26), "Connection: keep-alive\r\n\r\n") << head;
 }
+
+TEST(HttpRequestParser, KeepsHeadersQueryAndBodyForTheDashboardsActions) {
+  Request req;
+  ASSERT_EQ(parse_split("POST /api/locks/release?x=1 HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer  s3cret \r\n"
+                        "Content-Length: 11\r\n\r\nresource=ab",
+                        &req),
+            State::done);
+  EXPECT_EQ(req.method, "POST");
+  EXPECT_EQ(req.path, "/api/locks/release");
+  EXPECT_EQ(req.query, "x=1");
+  EXPECT_EQ(req.body, "resource=ab");
+  ASSERT_TRUE(req.header("AUTHORIZATION"));
+  EXPECT_EQ(*req.header("authorization"), "Bearer  s3cret");
+  EXPECT_FALSE(req.header("cookie"));
+}
+
+TEST(HttpRequestParser, PipelinedRequestsEachKeepTheirOwnBody) {
+  RequestParser p;
+  ASSERT_EQ(p.feed("POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nonePOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\ntwo"),
+            State::done);
+  EXPECT_EQ(p.request().body, "one");
+  ASSERT_EQ(p.next(), State::done);
+  EXPECT_EQ(p.request().path, "/b");
+  EXPECT_EQ(p.request().body, "two");
+  EXPECT_TRUE(p.request().headers.size() == 1);
+}
+
+TEST(HttpForm, DecodesEscapesAndPlusAndRefusesMalformedOnes) {
+  const auto f = parse_form("a=1&b=x%20y+z&&c&d=%7B%7d");
+  ASSERT_TRUE(f);
+  ASSERT_EQ(f->size(), 4u);
+  EXPECT_EQ((*f)[1], (std::pair<std::string, std::string>{"b", "x y z"}));
+  EXPECT_EQ((*f)[2], (std::pair<std::string, std::string>{"c", ""}));
+  EXPECT_EQ((*f)[3].second, "{}");
+  for (const char* bad : {"a=%", "a=%4", "a=%zz", "%g1=1"}) EXPECT_FALSE(parse_form(bad)) << bad;
+  EXPECT_TRUE(parse_form("")->empty());
+}
+
+TEST(HttpRouter, RoutesServeTheirOwnMethodsAndNameThemIn405) {
+  Router router;
+  router.add(Route{"/act", {"POST"}, [](const Request&, const Respond& respond) { respond(Response{}); }});
+  Request req;
+  req.path = "/act";
+  req.method = "POST";
+  int status = 0;
+  std::string allow;
+  router.dispatch(req, [&](Response r) { status = r.status; });
+  EXPECT_EQ(status, 200);
+  req.method = "GET";
+  router.dispatch(req, [&](Response r) {
+    status = r.status;
+    for (auto& [k, v] : r.headers)
+      if (k == "Allow") allow = v;
+  });
+  EXPECT_EQ(status, 405);
+  EXPECT_EQ(allow, "POST");
+}
