@@ -473,6 +473,8 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   lo.fence = cls_.fenced || cls_.consequence == Consequence::high;
   lo.job_id = a.job_id;
   lo.lock_class = cls_.name;
+  lo.replicas = cls_.replicas;
+  lo.on_unconfirmed = cls_.on_unconfirmed;
   try {
     auto lock = co_await await_done<std::optional<Lock>>([&](auto granted) {
       leases_->service().async_acquire(a.resource, lo,

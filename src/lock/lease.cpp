@@ -266,7 +266,11 @@ struct LeaseScheduler::Impl {
           }
           publish(s);
           schedule(s);
-        });
+        },
+        // Confirmed like the grant: an unconfirmed renewal (fail-closed)
+        // fails like one Redis did not answer, so the safe time only moves
+        // on renewals the replicas have.
+        s->lock.confirmation());
   }
 };
 

@@ -159,6 +159,49 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     }
   }
 
+  // Requests that must leave on one connection, back to back, in this order
+  // (a write and the WAIT that confirms it: WAIT covers only what its own
+  // connection wrote). Nothing can come between them: they are enqueued
+  // together on the loop thread.
+  void submit_together(std::vector<detail::Multiplexer::Request> rs, CallOptions o) {
+    auto refuse_all = [this](std::vector<detail::Multiplexer::Request>& v, std::error_code ec, const std::string& why) {
+      for (auto& r : v) refuse(stats.get(), r.done, ec, why);
+    };
+    if (closed.load()) return refuse_all(rs, make_error_code(errc::shutdown), "client is shutting down");
+    if (o.fail_if_down) {
+      if (Error e = down_error(); e) {
+        asio::post(*ctx, [keep = shared_from_this(), rs = std::move(rs), e, refuse_all]() mutable {
+          refuse_all(rs, e.code(), std::string(e.detail()));
+        });
+        return;
+      }
+    }
+    auto go = [this](std::vector<detail::Multiplexer::Request>& v) {
+      Connection& c = pick();
+      for (auto& r : v) c.submit(std::move(r));
+    };
+    if (on_loop()) return go(rs);
+    asio::post(*ctx, [this, keep = shared_from_this(), rs = std::move(rs), go, refuse_all]() mutable {
+      if (closed.load()) return refuse_all(rs, make_error_code(errc::shutdown), "client is shutting down");
+      go(rs);
+    });
+  }
+
+  // A write followed by its confirmation (Client::async_*_confirmed).
+  struct Confirmed {
+    Confirm confirm;
+    ConfirmedCompletion done;
+    CallOptions call;
+    bool fired = false, have_write = false;
+    std::uint64_t gen = 0;   // a NOSCRIPT retry's pair replaces the first
+    Reply write;
+    // For the EVAL fallback of an EVALSHA (null for a plain command).
+    const Script* script = nullptr;
+    std::size_t argc = 0;
+    std::string tail;
+  };
+  void submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload);
+
   void close_all() {
     for (auto& c : conns) c->close();
   }
@@ -291,6 +334,128 @@ void Client::Impl::submit_eval(const Script& script, std::size_t nkeys_args, std
         done(ec, std::move(r));
       },
       call);
+}
+
+std::string describe(const Confirm& c) {
+  if (c.waitaof) return fmt::format("WAITAOF 1 {} {}", c.replicas, c.timeout.count());
+  return fmt::format("WAIT {} {}", c.replicas, c.timeout.count());
+}
+
+std::string describe(const Confirmation& got, const Confirm& wanted) {
+  if (got.replicas < 0)
+    return fmt::format("the confirmation failed ({}): {}", describe(wanted), got.error.empty() ? "no reply" : got.error);
+  if (wanted.waitaof && got.local < 1)
+    return fmt::format("the primary did not fsync it to its AOF within {} ms ({}; {} of {} replicas did)",
+                       wanted.timeout.count(), describe(wanted), got.replicas, wanted.replicas);
+  return fmt::format("{} of {} replicas acknowledged within {} ms ({})", got.replicas, wanted.replicas,
+                     wanted.timeout.count(), describe(wanted));
+}
+
+namespace {
+Confirmation parse_confirmation(std::error_code ec, const Reply& r, bool waitaof) {
+  Confirmation c;
+  if (ec) {
+    c.error = r.str;
+    return c;
+  }
+  if (!waitaof && r.is_integer()) {
+    c.replicas = static_cast<int>(r.integer);
+    return c;
+  }
+  if (waitaof && r.is_array() && r.elements.size() == 2 && r.elements[0].is_integer() && r.elements[1].is_integer()) {
+    c.local = static_cast<int>(r.elements[0].integer);
+    c.replicas = static_cast<int>(r.elements[1].integer);
+    return c;
+  }
+  c.error = "unexpected reply " + to_debug_string(r);
+  return c;
+}
+}  // namespace
+
+void Client::Impl::submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload) {
+  const auto gen = ++st->gen;
+  const auto timeout = st->call.timeout.count() > 0 ? st->call.timeout : opts.command_timeout;
+  const auto now = Clock::now();
+  std::vector<detail::Multiplexer::Request> rs(2);
+  rs[0].payload = std::move(payload);
+  rs[0].deadline = now + timeout;
+  rs[0].done = [impl = shared_from_this(), st, gen](std::error_code ec, Reply r) {
+    if (st->fired || gen != st->gen) return;
+    if (st->script && ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
+      // As submit_eval: EVAL loads it; the confirmation follows the EVAL
+      // (this pair's WAIT covered nothing of ours and is ignored).
+      impl->submit_confirmed(st, eval_payload(st->argc, "EVAL", st->script->source(), st->tail));
+      return;
+    }
+    if (ec) {
+      st->fired = true;
+      Confirmation none;
+      none.error = "the write failed";
+      return st->done(ec, std::move(r), std::move(none));
+    }
+    st->write = std::move(r);
+    st->have_write = true;
+  };
+  const std::string n = std::to_string(st->confirm.replicas), t = std::to_string(st->confirm.timeout.count());
+  rs[1].payload = st->confirm.waitaof ? Command{"WAITAOF", "1", n, t}.payload() : Command{"WAIT", n, t}.payload();
+  // The server holds the reply for up to the confirmation's timeout.
+  rs[1].deadline = now + timeout + st->confirm.timeout;
+  rs[1].done = [st, gen](std::error_code ec, Reply r) {
+    if (st->fired || gen != st->gen || !st->have_write) return;
+    st->fired = true;
+    st->done({}, std::move(st->write), parse_confirmation(ec, r, st->confirm.waitaof));
+  };
+  submit_together(std::move(rs), st->call);
+}
+
+void Client::async_exec_confirmed(Command cmd, Confirm confirm, ConfirmedCompletion done, CallOptions opts) {
+  if (confirm.replicas <= 0) {
+    return async_exec(
+        std::move(cmd), [done = std::move(done)](std::error_code ec, Reply r) { done(ec, std::move(r), Confirmation{}); },
+        opts);
+  }
+  auto st = std::make_shared<Impl::Confirmed>();
+  st->confirm = confirm;
+  st->done = std::move(done);
+  st->call = opts;
+  impl_->submit_confirmed(st, std::move(cmd).take_payload());
+}
+
+namespace {
+template <class Keys, class Args>
+void eval_confirmed(const std::shared_ptr<Client::Impl>& impl, const Script& script, const Keys& keys, const Args& args,
+                    Confirm confirm, ConfirmedCompletion done, CallOptions opts) {
+  auto st = std::make_shared<Client::Impl::Confirmed>();
+  st->confirm = confirm;
+  st->done = std::move(done);
+  st->call = opts;
+  st->script = &script;
+  st->argc = 3 + std::size(keys) + std::size(args);
+  st->tail = eval_tail(keys, args);
+  std::string payload = eval_payload(st->argc, "EVALSHA", script.sha1(), st->tail);
+  impl->submit_confirmed(st, std::move(payload));
+}
+}  // namespace
+
+void Client::async_eval_confirmed(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
+                                  Confirm confirm, ConfirmedCompletion done, CallOptions opts) {
+  if (confirm.replicas <= 0) {
+    return async_eval(
+        script, std::move(keys), std::move(args),
+        [done = std::move(done)](std::error_code ec, Reply r) { done(ec, std::move(r), Confirmation{}); }, opts);
+  }
+  eval_confirmed(impl_, script, keys, args, confirm, std::move(done), opts);
+}
+
+void Client::async_eval_views_confirmed(const Script& script, std::initializer_list<std::string_view> keys,
+                                        std::initializer_list<std::string_view> args, Confirm confirm,
+                                        ConfirmedCompletion done, CallOptions opts) {
+  if (confirm.replicas <= 0) {
+    return async_eval_views(
+        script, keys, args,
+        [done = std::move(done)](std::error_code ec, Reply r) { done(ec, std::move(r), Confirmation{}); }, opts);
+  }
+  eval_confirmed(impl_, script, keys, args, confirm, std::move(done), opts);
 }
 
 void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,

@@ -153,6 +153,9 @@ ConnectionOptions parse_url(std::string_view url) {
     else if (key == "key") o.tls.key_file = val;
     else if (key == "name") o.client_name = val;
     else if (key == "max_ttl") o.lock_max_ttl = dur("max_ttl");
+    else if (key == "replicas") o.lock_replicas = parse_int<int>(val, url, "replicas", 0, 64);
+    else if (key == "replicas_timeout") o.lock_replicas_timeout = dur("replicas_timeout");
+    else if (key == "waitaof") o.lock_waitaof = parse_bool(val, url, key);
     else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
     else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
   }

@@ -33,6 +33,21 @@ struct ConnectionOptions {
   // that the server lost lock state refuses grants for this long
   // (docs/lock-safety.md, "Quarantine after lost lock state"). Default 60 s.
   std::chrono::milliseconds lock_max_ttl{60000};
+  // Replica-confirmed grants (URL options `replicas`, `replicas_timeout`,
+  // `waitaof`; docs/lock-safety.md, "Replica-confirmed grants"). A lock's
+  // grant, renewal and fence advance is followed, on the same connection, by
+  // `WAIT lock_replicas lock_replicas_timeout`, and the holder is told it
+  // holds the lock only when that many replicas acknowledged it. Default 0 =
+  // off; LockOptions::replicas overrides it per lock. WAIT blocks the
+  // connection it runs on for up to the timeout when a replica lags, so
+  // every caller multiplexed on it waits too: keep the timeout short.
+  int lock_replicas = 0;
+  std::chrono::milliseconds lock_replicas_timeout{500};
+  // Use `WAITAOF 1 N timeout` instead of WAIT where the server has it
+  // (Redis 7.2+, detected by the lock-state check) and runs with
+  // appendonly yes: the grant is then on disk on the primary and on N
+  // replicas, not only in their memory. Default on; `waitaof=no` keeps WAIT.
+  bool lock_waitaof = true;
 
   // Number of multiplexed connections shared by every caller. Default 1; the
   // event loop is the bottleneck long before one socket is (docs/bench.md:
@@ -104,7 +119,8 @@ struct ConnectionOptions {
 // Parses `redis://[user[:password]@]host[:port][/db][?opt=val&...]` and
 // `rediss://...` (TLS). Query options: `timeout`, `connect_timeout` (durations),
 // `connections`, `ca` (CA file), `sni`, `verify` (yes/no), `cert`, `key`,
-// `name`, `max_ttl` (a duration, lock_max_ttl). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
+// `name`, `max_ttl` (a duration, lock_max_ttl), `replicas` (0..64),
+// `replicas_timeout` (a duration), `waitaof` (yes/no). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
 // password may hold raw '/', '?', ':' or '@' (an '@' in a query value must be
 // written %40). Throws Error(errc::invalid_url) naming the bad part, e.g.
 // `invalid URL: port 99999 out of range (1..65535) in "redis://h:99999"`; the

@@ -75,6 +75,17 @@ TEST(ParseUrl, DurationAndCountOptions) {
   EXPECT_EQ(o.db, 4);
 }
 
+TEST(ParseUrl, ReplicaConfirmationOptions) {
+  const auto d = parse_url("redis://h");
+  EXPECT_EQ(d.lock_replicas, 0);
+  EXPECT_EQ(d.lock_replicas_timeout, milliseconds(500));
+  EXPECT_TRUE(d.lock_waitaof);
+  const auto o = parse_url("redis://h?replicas=2&replicas_timeout=150ms&waitaof=no");
+  EXPECT_EQ(o.lock_replicas, 2);
+  EXPECT_EQ(o.lock_replicas_timeout, milliseconds(150));
+  EXPECT_FALSE(o.lock_waitaof);
+}
+
 namespace {
 
 struct Bad {
@@ -132,6 +143,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis://h?timeout=0ms", "timeout must be positive"},
                       Bad{"redis://h?connections=0", "connections 0 out of range"},
                       Bad{"rediss://h?verify=maybe", "verify=\"maybe\""},
+                      Bad{"redis://h?replicas=65", "replicas 65 out of range (0..64)"},
+                      Bad{"redis://h?replicas=one", "replicas is not a number"},
+                      Bad{"redis://h?replicas_timeout=0ms", "replicas_timeout must be positive"},
+                      Bad{"redis://h?waitaof=sometimes", "waitaof=\"sometimes\""},
                       Bad{"redis://alice:@h", "empty password"},
                       // Found by fuzz/url_fuzzer: with_password() then built "redis://:pw@@h".
                       Bad{"redis://@h", "nothing before '@'"},
