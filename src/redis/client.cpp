@@ -113,6 +113,13 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
 
   bool on_loop() const { return ctx->get_executor().running_in_this_thread(); }
 
+  // Behind Sentinel the server moves: the primary the first connection last
+  // dialled. Any thread.
+  std::string current_address() const {
+    if (opts.sentinel.sentinels.empty()) return address;
+    return conns.front()->address();
+  }
+
   // Loop thread only.
   Connection& pick() {
     if (conns.size() == 1) return *conns.front();
@@ -213,7 +220,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     const std::string why = conns.front()->down_reason();
     return Error(errc::not_connected,
                  fmt::format("no connection to {}{}; the call fails at once instead of waiting for a reconnect",
-                             address, why.empty() ? "" : " (last error: " + why + ")"),
+                             current_address(), why.empty() ? "" : " (last error: " + why + ")"),
                  error_source::redis);
   }
 };
@@ -474,7 +481,7 @@ std::future<Reply> Client::exec_future(Command cmd, CallOptions opts) {
   std::string name = cmd.name();
   async_exec(
       std::move(cmd),
-      [p, address = impl_->address, name = std::move(name)](std::error_code ec, Reply r) {
+      [p, address = impl_->current_address(), name = std::move(name)](std::error_code ec, Reply r) {
         if (ec) p->set_exception(std::make_exception_ptr(to_error(ec, r, address, name)));
         else p->set_value(std::move(r));
       },
@@ -497,7 +504,7 @@ Reply Client::eval(const Script& script, std::vector<std::string> keys, std::vec
   std::string context = keys.empty() ? "script" : "script on key " + keys.front();
   async_eval(
       script, std::move(keys), std::move(args),
-      [p, address = impl_->address, context = std::move(context)](std::error_code ec, Reply r) {
+      [p, address = impl_->current_address(), context = std::move(context)](std::error_code ec, Reply r) {
         if (ec) p->set_exception(std::make_exception_ptr(to_error(ec, r, address, context)));
         else p->set_value(std::move(r));
       },
@@ -526,7 +533,7 @@ ClientStats Client::stats() const {
   return s;
 }
 
-std::string Client::address() const { return impl_->address; }
+std::string Client::address() const { return impl_->current_address(); }
 
 Error Client::down_error() const { return impl_->down_error(); }
 

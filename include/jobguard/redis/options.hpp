@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace jobguard::redis {
 
@@ -20,6 +21,29 @@ struct TlsOptions {
   std::string key_file{};
 };
 
+// A primary found through Redis Sentinel (`redis+sentinel://` URLs). Empty
+// `sentinels` = connect to host:port directly.
+struct SentinelOptions {
+  struct Address {
+    std::string host;
+    std::uint16_t port = 26379;
+    bool operator==(const Address&) const = default;
+  };
+  // Where to ask first; the sentinels these know of (`SENTINEL sentinels`)
+  // are asked too when these do not answer.
+  std::vector<Address> sentinels{};
+  std::string master_name{};
+  // AUTH for the sentinels themselves (URL option `sentinel_password`);
+  // user/password above are the data nodes'.
+  std::string password{};
+  // How often a ready connection asks a sentinel whether the primary moved
+  // (URL option `sentinel_check`). A failover does not close the old
+  // primary's connections until the sentinels demote it, seconds later;
+  // until this check notices, calls still go to it. Default 1 s; 0 = only
+  // after an error (not recommended).
+  std::chrono::milliseconds check_interval{1000};
+};
+
 struct ConnectionOptions {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6379;
@@ -27,6 +51,12 @@ struct ConnectionOptions {
   std::string password{};     // empty = no AUTH
   int db = 0;                 // SELECT db after connecting when non-zero
   TlsOptions tls{};
+  // With sentinels set, every (re)connect asks a sentinel for the primary
+  // of `master_name` (`SENTINEL get-master-addr-by-name`) instead of using
+  // host:port, and checks `ROLE` on the connection before any call is sent:
+  // a server that is not (or no longer) a primary is left and the sentinels
+  // asked again (docs/redis-client.md, "Sentinel").
+  SentinelOptions sentinel{};
   std::string client_name{};  // CLIENT SETNAME, so `CLIENT LIST` shows who we are
   // The longest lock TTL any client of this server uses (URL option `max_ttl`).
   // A LockService on this connection refuses longer TTLs, and after finding
@@ -126,6 +156,10 @@ struct ConnectionOptions {
 // `invalid URL: port 99999 out of range (1..65535) in "redis://h:99999"`; the
 // URL in the message has its password masked (redact_url) and no password
 // fragment is ever quoted.
+//
+// `redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master-name[/db][?...]`
+// names sentinels (port 26379 by default) and the master they monitor;
+// `sentinel_password` is the sentinels' own password.
 ConnectionOptions parse_url(std::string_view url);
 
 // `url` with `password` put into it (percent-encoded), for a password that

@@ -86,6 +86,23 @@ TEST(ParseUrl, ReplicaConfirmationOptions) {
   EXPECT_FALSE(o.lock_waitaof);
 }
 
+TEST(ParseUrl, SentinelListMasterNameAndDb) {
+  const auto o = parse_url("redis+sentinel://alice:pw@10.0.0.1:26380,10.0.0.2,[::1]:26390/billing/3?sentinel_password=sp&replicas=1");
+  ASSERT_EQ(o.sentinel.sentinels.size(), 3u);
+  EXPECT_EQ(o.sentinel.sentinels[0], (SentinelOptions::Address{"10.0.0.1", 26380}));
+  EXPECT_EQ(o.sentinel.sentinels[1], (SentinelOptions::Address{"10.0.0.2", 26379}));
+  EXPECT_EQ(o.sentinel.sentinels[2], (SentinelOptions::Address{"::1", 26390}));
+  EXPECT_EQ(o.sentinel.master_name, "billing");
+  EXPECT_EQ(o.sentinel.password, "sp");
+  EXPECT_EQ(o.user, "alice");
+  EXPECT_EQ(o.password, "pw");
+  EXPECT_EQ(o.db, 3);
+  EXPECT_EQ(o.lock_replicas, 1);
+  EXPECT_EQ(to_display_url(o), "redis+sentinel://alice:***@10.0.0.1:26380,10.0.0.2:26379,[::1]:26390/billing/3");
+  EXPECT_TRUE(parse_url("redis://h").sentinel.sentinels.empty());
+  EXPECT_EQ(parse_url("redis+sentinel://s/m").sentinel.sentinels.front().port, 26379);
+}
+
 namespace {
 
 struct Bad {
@@ -143,6 +160,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis://h?timeout=0ms", "timeout must be positive"},
                       Bad{"redis://h?connections=0", "connections 0 out of range"},
                       Bad{"rediss://h?verify=maybe", "verify=\"maybe\""},
+                      Bad{"redis+sentinel://h1,h2", "missing master name"},
+                      Bad{"redis+sentinel://h1:26379,,h2/m", "empty entry in the sentinel list"},
+                      Bad{"redis+sentinel://h1,/m", "empty entry in the sentinel list"},
+                      Bad{"redis+sentinel://h1:99999/m", "sentinel \"h1:99999\": port 99999 out of range"},
+                      Bad{"redis+sentinel:///m", "missing sentinel host"},
+                      Bad{"redis+sentinel://h/m/x", "database is not a number"},
+                      Bad{"redis://h?sentinel_password=x", "unknown option \"sentinel_password\""},
                       Bad{"redis://h?replicas=65", "replicas 65 out of range (0..64)"},
                       Bad{"redis://h?replicas=one", "replicas is not a number"},
                       Bad{"redis://h?replicas_timeout=0ms", "replicas_timeout must be positive"},
