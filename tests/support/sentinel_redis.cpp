@@ -125,7 +125,7 @@ EmbeddedRedis& SentinelRedis::node(std::uint16_t port) {
   throw std::runtime_error(fmt::format("no data node on port {}", port));
 }
 
-std::uint16_t SentinelRedis::failover(std::chrono::milliseconds timeout) {
+std::uint16_t SentinelRedis::failover(std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point* named_at) {
   const std::uint16_t old = primary_port(0);
   const std::string r =
       redis_command_at("127.0.0.1", sentinels_.front()->port(), fmt::format("SENTINEL FAILOVER {}", master_));
@@ -136,6 +136,7 @@ std::uint16_t SentinelRedis::failover(std::chrono::milliseconds timeout) {
         try {
           now = primary_port(0);
           if (now == old) return false;
+          if (named_at && *named_at == std::chrono::steady_clock::time_point{}) *named_at = std::chrono::steady_clock::now();
           for (std::size_t i = 1; i < sentinels_.size(); ++i)
             if (primary_port(i) != now) return false;
           return redis_command_at("127.0.0.1", now, "INFO replication").find("role:master") != std::string::npos;

@@ -42,8 +42,10 @@ class SentinelRedis {
 
   // SENTINEL FAILOVER, then waits until every sentinel names the new primary,
   // that server says ROLE master and the other nodes replicate from it.
-  // Returns the new primary's port.
-  std::uint16_t failover(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+  // Returns the new primary's port; `named_at`, when given, gets the moment
+  // the first sentinel named it (the promotion happened before).
+  std::uint16_t failover(std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                         std::chrono::steady_clock::time_point* named_at = nullptr);
 
  private:
   std::string master_;
