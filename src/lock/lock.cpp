@@ -529,6 +529,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   // the releaser's; the pexpire comes after it in the replication stream,
   // so replicas that acknowledged it have the handoff too.
   void confirm_then_complete(Machine::Action a) {
+    // The machine is done: nothing it armed may fire into it meanwhile.
+    ++timer_gen_;
+    if (timer_) timer_->cancel();
     const std::string ttl = std::to_string(opts_.ttl.count());
     const auto wanted = confirm();
     svc_->client().async_eval_views_confirmed(
