@@ -19,10 +19,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <optional>
+#include <unordered_map>
 #include <random>
 #include <thread>
 
 #include "jobguard/error.hpp"
+#include "redis/cluster.hpp"
 #include "redis/connection.hpp"
 #include "redis/multiplexer.hpp"
 #include "redis/tls_context.hpp"
@@ -106,8 +108,13 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
     for (int i = 0; i < opts.connections; ++i)
       conns.push_back(std::make_shared<Connection>(*ctx, opts, ssl, stats));
-    asio::post(*ctx, [conns = conns] {
+    if (opts.cluster) {
+      slot_owner.assign(detail::kClusterSlots, nullptr);
+      nodes.emplace(address, conns.front());
+    }
+    asio::post(*ctx, [self = shared_from_this(), conns = conns] {
       for (auto& c : conns) c->start();
+      if (self->opts.cluster) self->refresh_slots();
     });
   }
 
@@ -156,14 +163,118 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       }
     }
     if (on_loop()) {
-      pick().submit(std::move(r));
+      route(std::move(r));
     } else {
       asio::post(*ctx, [this, keep = shared_from_this(), r = std::move(r)]() mutable {
         if (closed.load())
           return refuse(stats.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
-        pick().submit(std::move(r));
+        route(std::move(r));
       });
     }
+  }
+
+  // --- Redis Cluster (opts.cluster) -------------------------------------------
+  // Loop thread only. Node connections by "host:port" (the seed
+  // connections among them), and each slot's primary as last learned
+  // (CLUSTER SLOTS, MOVED); null = not known yet: the seed.
+  std::unordered_map<std::string, std::shared_ptr<Connection>> nodes;
+  std::vector<Connection*> slot_owner;
+  bool refreshing = false;
+  static constexpr int kMaxRedirects = 5;
+
+  Connection& node(const std::string& host, std::uint16_t port) {
+    const std::string where = fmt::format("{}:{}", host, port);
+    auto it = nodes.find(where);
+    if (it != nodes.end()) return *it->second;
+    ConnectionOptions no = opts;
+    no.host = host;
+    no.port = port;
+    auto c = std::make_shared<Connection>(*ctx, no, ssl, stats);
+    nodes.emplace(where, c);
+    if (!closed.load()) c->start();
+    return *c;
+  }
+
+  Connection& pick_for(std::string_view payload) {
+    if (!opts.cluster) return pick();
+    const auto key = detail::routing_key(payload);
+    if (!key) return pick();
+    Connection* c = slot_owner[detail::key_slot(*key)];
+    return c ? *c : pick();
+  }
+
+  // Asks the seed for the slot map. One at a time; a MOVED asks again.
+  void refresh_slots() {
+    if (refreshing || closed.load()) return;
+    refreshing = true;
+    detail::Multiplexer::Request r;
+    r.payload = Command{"CLUSTER", "SLOTS"}.payload();
+    r.deadline = Clock::now() + opts.command_timeout;
+    r.done = [self = shared_from_this()](std::error_code ec, Reply reply) {
+      self->refreshing = false;
+      if (ec || self->closed.load()) return;
+      for (const auto& range : detail::parse_cluster_slots(reply, self->opts.host)) {
+        Connection* c = &self->node(range.host, range.port);
+        for (unsigned s = range.first; s <= range.last; ++s) self->slot_owner[s] = c;
+      }
+    };
+    pick().submit(std::move(r));
+  }
+
+  // Sends `r` to the node owning its key; MOVED and ASK are followed (at
+  // most kMaxRedirects times, inside the call's deadline), TRYAGAIN and
+  // CLUSTERDOWN retried with backoff until the deadline. A redirect means
+  // the command did not run where it was sent, so it is safe to resend.
+  void route(detail::Multiplexer::Request r, int hops = 0, Connection* to = nullptr) {
+    if (!opts.cluster) return pick().submit(std::move(r));
+    Connection& c = to ? *to : pick_for(r.payload);
+    auto payload = std::make_shared<const std::string>(r.payload);
+    r.done = [self = shared_from_this(), payload, deadline = r.deadline, done = std::move(r.done), hops](
+                 std::error_code ec, Reply reply) mutable {
+      if (ec && reply.is_error() && hops < kMaxRedirects && !self->closed.load()) {
+        // Built only when resent: `done` stays ours until then.
+        auto resend = [&] {
+          detail::Multiplexer::Request again;
+          again.payload = *payload;
+          again.deadline = deadline;
+          again.done = std::move(done);
+          return again;
+        };
+        if (auto rd = detail::parse_redirect(reply.str)) {
+          auto again = resend();
+          Connection& target = self->node(rd->host, rd->port);
+          if (rd->kind == detail::Redirect::Kind::moved) {
+            self->slot_owner[rd->slot] = &target;
+            self->refresh_slots();
+            return self->route(std::move(again), hops + 1, &target);
+          }
+          // ASK: this one command, on the importing node, after ASKING.
+          detail::Multiplexer::Request asking;
+          asking.payload = Command{"ASKING"}.payload();
+          asking.deadline = deadline;
+          asking.done = [](std::error_code, Reply) {};
+          target.submit(std::move(asking));
+          return self->route(std::move(again), hops + 1, &target);
+        }
+        const auto prefix = reply.error_prefix();
+        if (prefix == "TRYAGAIN" || prefix == "CLUSTERDOWN") {
+          const auto backoff = std::chrono::milliseconds(10 << std::min(hops, 4));
+          if (Clock::now() + backoff < deadline) {
+            auto again = resend();
+            auto timer = std::make_shared<asio::steady_timer>(*self->ctx, backoff);
+            timer->async_wait([self, timer, again = std::move(again), hops](boost::system::error_code tec) mutable {
+              if (tec || self->closed.load()) {
+                return refuse(self->stats.get(), again.done, make_error_code(errc::shutdown), "client is shutting down");
+              }
+              self->route(std::move(again), hops + 1);
+            });
+            return;
+          }
+        }
+      }
+      done(ec, std::move(reply));
+    };
+    c.submit(std::move(r));
   }
 
   // Requests that must leave on one connection, back to back, in this order
@@ -184,7 +295,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       }
     }
     auto go = [this](std::vector<detail::Multiplexer::Request>& v) {
-      Connection& c = pick();
+      Connection& c = pick_for(v.front().payload);
       for (auto& r : v) c.submit(std::move(r));
     };
     if (on_loop()) return go(rs);
@@ -211,6 +322,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
 
   void close_all() {
     for (auto& c : conns) c->close();
+    for (auto& [where, c] : nodes) c->close();
   }
 
   // Any thread: conns is fixed from init() until the destructor.
@@ -252,6 +364,7 @@ Client::~Client() {
     // Handlers still queued hold connections; dropping them with the context
     // runs no completion (they were all failed by close_all()).
     impl_->conns.clear();
+    impl_->nodes.clear();
     impl_->own_ctx.reset();
   } else if (impl_->on_loop()) {
     impl_->close_all();

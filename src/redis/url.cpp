@@ -196,6 +196,7 @@ ConnectionOptions parse_url(std::string_view url) {
     else if (key == "waitaof") o.lock_waitaof = parse_bool(val, url, key);
     else if (key == "sentinel_password" && sentinel) o.sentinel.password = val;
     else if (key == "sentinel_check" && sentinel) o.sentinel.check_interval = dur("sentinel_check");
+    else if (key == "cluster") o.cluster = parse_bool(val, url, key);
     else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
     else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
   }

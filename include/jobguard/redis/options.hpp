@@ -57,6 +57,11 @@ struct ConnectionOptions {
   // a server that is not (or no longer) a primary is left and the sentinels
   // asked again (docs/redis-client.md, "Sentinel").
   SentinelOptions sentinel{};
+  // Redis Cluster (URL option `cluster=yes`): host:port is a seed; the slot
+  // map comes from CLUSTER SLOTS, each command goes to its key's primary,
+  // MOVED/ASK are followed and TRYAGAIN/CLUSTERDOWN retried within the
+  // call's deadline (docs/redis-client.md, "Cluster").
+  bool cluster = false;
   std::string client_name{};  // CLIENT SETNAME, so `CLIENT LIST` shows who we are
   // The longest lock TTL any client of this server uses (URL option `max_ttl`).
   // A LockService on this connection refuses longer TTLs, and after finding
