@@ -281,7 +281,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
   // (a write and the WAIT that confirms it: WAIT covers only what its own
   // connection wrote). Nothing can come between them: they are enqueued
   // together on the loop thread.
-  void submit_together(std::vector<detail::Multiplexer::Request> rs, CallOptions o) {
+  void submit_together(std::vector<detail::Multiplexer::Request> rs, CallOptions o, Connection* to = nullptr) {
     auto refuse_all = [this](std::vector<detail::Multiplexer::Request>& v, std::error_code ec, const std::string& why) {
       for (auto& r : v) refuse(stats.get(), r.done, ec, why);
     };
@@ -294,8 +294,8 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
         return;
       }
     }
-    auto go = [this](std::vector<detail::Multiplexer::Request>& v) {
-      Connection& c = pick_for(v.front().payload);
+    auto go = [this, to](std::vector<detail::Multiplexer::Request>& v) {
+      Connection& c = to ? *to : pick_for(v.front().payload);
       for (auto& r : v) c.submit(std::move(r));
     };
     if (on_loop()) return go(rs);
@@ -311,14 +311,17 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     ConfirmedCompletion done;
     CallOptions call;
     bool fired = false, have_write = false;
-    std::uint64_t gen = 0;   // a NOSCRIPT retry's pair replaces the first
+    std::uint64_t gen = 0;   // a NOSCRIPT retry's (or a redirect's) pair replaces the first
+    int hops = 0;            // Cluster redirects followed
+    std::string payload;     // the write, for a redirect (Cluster only)
     Reply write;
     // For the EVAL fallback of an EVALSHA (null for a plain command).
     const Script* script = nullptr;
     std::size_t argc = 0;
     std::string tail;
   };
-  void submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload);
+  void submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload, Connection* to = nullptr,
+                        bool asking = false);
 
   void close_all() {
     for (auto& c : conns) c->close();
@@ -492,15 +495,32 @@ Confirmation parse_confirmation(std::error_code ec, const Reply& r, bool waitaof
 }
 }  // namespace
 
-void Client::Impl::submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload) {
+void Client::Impl::submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload, Connection* to,
+                                    bool asking) {
   const auto gen = ++st->gen;
   const auto timeout = st->call.timeout.count() > 0 ? st->call.timeout : opts.command_timeout;
   const auto now = Clock::now();
+  if (opts.cluster) st->payload = payload;
   std::vector<detail::Multiplexer::Request> rs(2);
   rs[0].payload = std::move(payload);
   rs[0].deadline = now + timeout;
   rs[0].done = [impl = shared_from_this(), st, gen](std::error_code ec, Reply r) {
     if (st->fired || gen != st->gen) return;
+    if (impl->opts.cluster && ec && r.is_error() && st->hops < kMaxRedirects && !impl->closed.load()) {
+      // Not run where it was sent: the pair goes again, together, to the
+      // node that has the slot (after ASKING for an ASK).
+      if (auto rd = detail::parse_redirect(r.str)) {
+        ++st->hops;
+        Connection& target = impl->node(rd->host, rd->port);
+        const bool ask = rd->kind == detail::Redirect::Kind::ask;
+        if (!ask) {
+          impl->slot_owner[rd->slot] = &target;
+          impl->refresh_slots();
+        }
+        impl->submit_confirmed(st, st->payload, &target, ask);
+        return;
+      }
+    }
     if (st->script && ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
       // As submit_eval: EVAL loads it; the confirmation follows the EVAL
       // (this pair's WAIT covered nothing of ours and is ignored).
@@ -525,7 +545,14 @@ void Client::Impl::submit_confirmed(const std::shared_ptr<Confirmed>& st, std::s
     st->fired = true;
     st->done({}, std::move(st->write), parse_confirmation(ec, r, st->confirm.waitaof));
   };
-  submit_together(std::move(rs), st->call);
+  if (asking) {
+    detail::Multiplexer::Request a;
+    a.payload = Command{"ASKING"}.payload();
+    a.deadline = rs[0].deadline;
+    a.done = [](std::error_code, Reply) {};
+    rs.insert(rs.begin(), std::move(a));
+  }
+  submit_together(std::move(rs), st->call, to);
 }
 
 void Client::async_exec_confirmed(Command cmd, Confirm confirm, ConfirmedCompletion done, CallOptions opts) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <future>
 #include <set>
 #include <thread>
 
@@ -86,8 +87,13 @@ TEST_F(ClusterClient, LocksOnEveryShardAreExclusiveAndFenced) {
 }
 
 TEST_F(ClusterClient, MovedIsFollowedAfterAClusterFailover) {
-  redis::Client c(options());
+  auto o = options();
+  o.lock_max_ttl = 1s;
+  o.lock_replicas = 1;
+  redis::Client c(o);
   ASSERT_TRUE(c.wait_connected(5s));
+  trust_new_server(c);
+  auto svc = LockService::create(c);
   const std::string k = "t:{failover}";
   ASSERT_TRUE(c.exec(redis::Command{"SET", k, "before"}).is_ok());
   const auto slot = redis::detail::key_slot(k);
@@ -99,7 +105,27 @@ TEST_F(ClusterClient, MovedIsFollowedAfterAClusterFailover) {
                                       cluster->on(old, "INFO replication").find("role:slave") != std::string::npos; },
                          10s));
   ASSERT_TRUE(eventually([&] { return cluster->primary_of(slot) == replica; }, 10s));
-  // The client still maps the slot to the old primary, which now answers MOVED.
+  // The old primary now replicates the new one: one replica to confirm.
+  ASSERT_TRUE(eventually([&] { return cluster->on(replica, "INFO replication").find("connected_slaves:1") !=
+                                      std::string::npos; }, 10s));
+  // The client still maps the slot to the old primary, which now answers
+  // MOVED. First a confirmed write: it and its WAIT follow the MOVED
+  // together (WAIT must run on the node that wrote it), so one replica acks.
+  std::promise<std::pair<std::error_code, redis::Confirmation>> confirmed;
+  redis::Command first{"SET", k, "confirmed"};
+  c.async_exec_confirmed(std::move(first), {.replicas = 1, .timeout = 1000ms},
+                         [&](std::error_code ec, redis::Reply, redis::Confirmation cf) { confirmed.set_value({ec, cf}); });
+  const auto [cec, conf] = confirmed.get_future().get();
+  EXPECT_FALSE(cec) << cec.message();
+  EXPECT_EQ(conf.replicas, 1);
+  EXPECT_EQ(cluster->on(replica, "GET " + k), "confirmed");
+  // A replica-confirmed grant in that slot.
+  auto lock = svc->acquire("failover", {.ttl = 1s, .wait = 3s, .fence = true});
+  ASSERT_TRUE(lock);
+  EXPECT_EQ(redis::detail::key_slot(lock->key()), slot);
+  EXPECT_EQ(cluster->on(replica, "GET " + lock->key()), lock->token());
+  EXPECT_TRUE(lock->release());
+  // Then plain commands.
   EXPECT_TRUE(c.exec(redis::Command{"SET", k, "after"}).is_ok());
   EXPECT_EQ(cluster->on(replica, "GET " + k), "after");
   EXPECT_EQ(c.exec(redis::Command{"GET", k}).str, "after");
