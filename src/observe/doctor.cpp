@@ -251,11 +251,24 @@ CheckResult clock_check(redis::Client& c, const DoctorOptions& o) {
   return ok("clock", detail);
 }
 
-CheckResult check_cluster(const Info& info) {
-  if (get(info, "cluster_enabled") == "1")
-    return fail("cluster", "cluster mode is enabled",
-                "jobguard's client talks to one node and does not follow MOVED/ASK redirects: locks whose slot "
-                "lives on another node fail; use a standalone primary (with replicas) for locks");
+CheckResult check_cluster(redis::Client& c, const Info& info) {
+  const bool enabled = get(info, "cluster_enabled") == "1";
+  if (enabled && !c.options().cluster)
+    return fail("cluster", "cluster mode is enabled, and the URL does not say cluster=yes",
+                "without ?cluster=yes the client talks to this one node only: commands for slots served elsewhere "
+                "fail with MOVED; add cluster=yes to the URL");
+  if (enabled) {
+    const auto r = c.exec(redis::Command{"CLUSTER", "INFO"});
+    const Info ci = parse_info(r.str);
+    const auto detail = fmt::format("cluster mode (cluster=yes): state {}, {} of 16384 slots served, {} primaries",
+                                    get(ci, "cluster_state"), get(ci, "cluster_slots_ok"), get(ci, "cluster_size"));
+    if (get(ci, "cluster_state") != "ok")
+      return fail("cluster", detail, "the cluster cannot serve every slot: commands for some keys fail (CLUSTERDOWN)");
+    return ok("cluster", detail + " (the lock-state record and its quarantine live on one shard: docs/lock-safety.md)");
+  }
+  if (c.options().cluster)
+    return fail("cluster", "the URL says cluster=yes but the server is not in cluster mode",
+                "drop cluster=yes, or point the URL at a cluster node");
   return ok("cluster", "standalone");
 }
 
@@ -429,7 +442,7 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
   guarded("acl", [&] { return check_acl(c, o); });
   guarded("latency", [&] { return check_latency(c, o); });
   guarded("clock", [&] { return check_clock(c, o); });
-  guarded("cluster", [&] { return check_cluster(info); });
+  guarded("cluster", [&] { return check_cluster(c, info); });
   guarded("shared_workload", [&] { return check_shared(c, info, o); });
   return out;
 }

@@ -11,6 +11,7 @@
 #include "jobguard/observe/doctor.hpp"
 #include "support/postgres_fixture.hpp"
 #include "support/redis_fixture.hpp"
+#include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"
 
 namespace jobguard::observe {
@@ -247,11 +248,32 @@ TEST(Doctor, AClockOffsetWarnsThenFails) {
   EXPECT_EQ(check_clock(c, skewed(-60s)).status, CheckStatus::fail);
 }
 
-TEST(Doctor, ClusterModeFails) {
+TEST(Doctor, ClusterModeWithoutClusterYesFails) {
   const auto bus = pick_free_port();
   auto s = start({"--cluster-enabled", "yes", "--cluster-port", std::to_string(bus)});
   const auto rs = doctor(*s, options_for(*s));
   EXPECT_EQ(find(rs, "cluster").status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(find(rs, "cluster").advice.find("cluster=yes"), std::string::npos) << dump(rs);
+  // With cluster=yes, a node of a cluster that serves no slots (never
+  // created) is a cluster that cannot serve: FAIL, with its state.
+  auto o = options_for(*s);
+  o.cluster = true;
+  const auto rc = doctor(*s, o);
+  EXPECT_EQ(find(rc, "cluster").status, CheckStatus::fail) << dump(rc);
+  EXPECT_NE(find(rc, "cluster").detail.find("state fail"), std::string::npos) << dump(rc);
+}
+
+TEST(Doctor, AHealthyClusterWithClusterYesPasses) {
+  test::ClusterRedis cluster(3, 0);
+  cluster.start();
+  auto o = redis::parse_url(cluster.url());
+  o.command_timeout = 3s;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  const auto rs = check_redis(c);
+  EXPECT_EQ(find(rs, "cluster").status, CheckStatus::ok) << dump(rs);
+  EXPECT_NE(find(rs, "cluster").detail.find("state ok, 16384 of 16384 slots served, 3 primaries"), std::string::npos)
+      << dump(rs);
 }
 
 TEST(Doctor, AServerFullOfOtherKeysWarnsOfASharedWorkload) {
