@@ -1,6 +1,7 @@
 #include "support/replicated_redis.hpp"
 
 #include <fmt/format.h>
+#include <hiredis/hiredis.h>
 
 #include <stdexcept>
 #include <thread>
@@ -61,6 +62,31 @@ void ReplicatedRedis::start(std::chrono::milliseconds timeout) {
     if (!eventually([&] { return linked(i); }, timeout))
       throw std::runtime_error(fmt::format("replica 127.0.0.1:{} never caught up with the primary 127.0.0.1:{}",
                                            replicas_[i]->port(), primary_->port()));
+  if (replicas_.empty()) return;
+  // A write and WAIT on one connection: every replica acknowledges, so the
+  // tests start with the acknowledgement path working, not only the link.
+  const bool acking = eventually(
+      [&] {
+        timeval tv{2, 0};
+        redisContext* c = redisConnectWithTimeout("127.0.0.1", primary_->port(), tv);
+        if (c == nullptr || c->err) {
+          if (c) redisFree(c);
+          return false;
+        }
+        redisSetTimeout(c, timeval{3, 0});
+        auto* w = static_cast<redisReply*>(redisCommand(c, "SET jobguard-test:replicated 1"));
+        if (w) freeReplyObject(w);
+        auto* r = static_cast<redisReply*>(redisCommand(c, "WAIT %d 1000", static_cast<int>(replicas_.size())));
+        const bool all = r && r->type == REDIS_REPLY_INTEGER && r->integer == static_cast<long long>(replicas_.size());
+        if (r) freeReplyObject(r);
+        auto* d = static_cast<redisReply*>(redisCommand(c, "DEL jobguard-test:replicated"));
+        if (d) freeReplyObject(d);
+        redisFree(c);
+        return all;
+      },
+      timeout);
+  if (!acking)
+    throw std::runtime_error(fmt::format("the replicas of 127.0.0.1:{} never acknowledged a write (WAIT)", primary_->port()));
 }
 
 }  // namespace jobguard::test

@@ -28,6 +28,9 @@ std::string temp_file(const std::string& name) {
 TEST(RunReplicated, AGrantTheReplicaDoesNotConfirmIsExit69AndCmdDoesNotRun) {
   ReplicatedRedis set(1);
   set.start();
+  // A long timeout while the replica runs (a loaded host acks late), a
+  // short one for the refusal.
+  const std::string healthy = fmt::format("redis://127.0.0.1:{}/0?replicas=1&replicas_timeout=2s", set.primary().port());
   const std::string url =
       fmt::format("redis://127.0.0.1:{}/0?replicas=1&replicas_timeout=200ms", set.primary().port());
   {
@@ -36,7 +39,7 @@ TEST(RunReplicated, AGrantTheReplicaDoesNotConfirmIsExit69AndCmdDoesNotRun) {
   }
   const std::string marker = temp_file("ran");
   std::filesystem::remove(marker);
-  auto ok = run_jobguard({"--redis", url, "run", "--key", "k", "--fence", "--", "touch", marker}, 30s);
+  auto ok = run_jobguard({"--redis", healthy, "run", "--key", "k", "--fence", "--", "touch", marker}, 30s);
   EXPECT_EQ(ok.status, 0) << ok.err;
   EXPECT_TRUE(std::filesystem::exists(marker));
   std::filesystem::remove(marker);
