@@ -155,7 +155,7 @@ struct ConnectionOptions {
 // `rediss://...` (TLS). Query options: `timeout`, `connect_timeout` (durations),
 // `connections`, `ca` (CA file), `sni`, `verify` (yes/no), `cert`, `key`,
 // `name`, `max_ttl` (a duration, lock_max_ttl), `replicas` (0..64),
-// `replicas_timeout` (a duration), `waitaof` (yes/no). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
+// `replicas_timeout` (a duration), `waitaof` (yes/no), `cluster` (yes/no). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
 // password may hold raw '/', '?', ':' or '@' (an '@' in a query value must be
 // written %40). Throws Error(errc::invalid_url) naming the bad part, e.g.
 // `invalid URL: port 99999 out of range (1..65535) in "redis://h:99999"`; the
@@ -164,7 +164,8 @@ struct ConnectionOptions {
 //
 // `redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master-name[/db][?...]`
 // names sentinels (port 26379 by default) and the master they monitor;
-// `sentinel_password` is the sentinels' own password.
+// `sentinel_password` is the sentinels' own password, `sentinel_check` (a
+// duration) how often a ready connection asks whether the primary moved.
 ConnectionOptions parse_url(std::string_view url);
 
 // `url` with `password` put into it (percent-encoded), for a password that
