@@ -71,6 +71,13 @@ struct ForceReleaseResult {
   std::chrono::milliseconds ttl_left{0};  // what its lock still had
   std::int64_t new_fence = 0;             // the fence advanced to (released only)
   std::string audit_id;                   // the stream entry id (released only)
+  // With the connection's `replicas` option set, the release and its fence
+  // advance are confirmed with WAIT like a grant. Empty when confirmed (or
+  // none was asked); otherwise what the confirmation found ("0 of 1 replicas
+  // acknowledged ..."): the release happened on the primary, but a promoted
+  // replica may still hold the old lock and fence. It cannot be undone, so it
+  // is reported, not thrown.
+  std::string unconfirmed;
 };
 
 // Deletes the lock of `resource` whoever holds it, advances the resource's

@@ -81,6 +81,28 @@ std::string token_owner(std::string_view token);
 // and ARGV[3] the resource, and hands the lock to the queue's live head.
 const redis::Script& lock_release_script();
 
+// What a grant (or renewal, or fence advance) that fewer replicas
+// acknowledged than asked for does (LockOptions::on_unconfirmed).
+enum class Unconfirmed {
+  // The grant is released and the acquire fails with errc::server_busy
+  // naming how many replicas acknowledged; an unconfirmed renewal does not
+  // count (the lease's safe time does not move). The default.
+  fail_closed,
+  // The grant is kept, and a warning line goes to the client's on_warning
+  // (stderr when unset): for classes where a double grant after a failover
+  // is acceptable but should be seen.
+  warn,
+};
+const char* to_string(Unconfirmed u) noexcept;
+
+// The replica confirmation a lock asked for, resolved against the
+// connection's defaults (Lock::confirmation()).
+struct ReplicaConfirmation {
+  int replicas = 0;                        // 0 = none
+  std::chrono::milliseconds timeout{500};  // WAIT's timeout
+  Unconfirmed on_unconfirmed = Unconfirmed::fail_closed;
+};
+
 struct LockOptions {
   // Lock time-to-live; a crashed holder's lock frees itself after this.
   // Default 30 s; must be >= 10 ms.
@@ -103,6 +125,16 @@ struct LockOptions {
   // every [max/2, max] instead.
   std::chrono::milliseconds backoff_min{5};
   std::chrono::milliseconds backoff_max{200};
+  // Replica-confirmed grants (docs/lock-safety.md): the grant, each renewal
+  // of its lease and the fence issued with it are confirmed with `WAIT
+  // replicas timeout` on the connection that wrote them before the holder
+  // is told. -1 = the connection's `replicas` URL option
+  // (redis::ConnectionOptions::lock_replicas, default 0 = off).
+  int replicas = -1;
+  // The server-side wait for the acknowledgements. 0 = the connection's
+  // `replicas_timeout` (default 500 ms).
+  std::chrono::milliseconds replicas_timeout{0};
+  Unconfirmed on_unconfirmed = Unconfirmed::fail_closed;
 };
 
 // Data-loss quarantine: a server that lost lock state (restarted without
@@ -185,6 +217,8 @@ class Lock {
   // The server's lock-state epoch at the grant; a lease is lost when the
   // server is found in another one (docs/lock-safety.md).
   const std::string& epoch() const noexcept { return epoch_; }
+  // The replica confirmation its grant had and its renewals get.
+  const ReplicaConfirmation& confirmation() const noexcept { return confirmation_; }
 
   // Per-class metrics this lock reports to (never null for a granted lock),
   // in its service's registry (LockServiceOptions::metrics).
@@ -233,6 +267,7 @@ class Lock {
   std::chrono::steady_clock::time_point acquired_at_{};
   bool held_ = false;
   std::string epoch_;  // the server's lock-state epoch at the grant (quarantine.hpp)
+  ReplicaConfirmation confirmation_;
 };
 
 // What a LockService is made of besides its Client. Every member has a default.
@@ -292,12 +327,19 @@ class LockService : public std::enable_shared_from_this<LockService> {
   using ReleaseHandler = std::function<void(const Error&, bool)>;
   void async_release(const std::string& resource, const std::string& token, ReleaseHandler done,
                      bool fair = false);
+  // With `confirm.replicas` > 0 the extension is confirmed (WAIT after it on
+  // the same connection); fewer acknowledgements fail it with
+  // errc::server_busy under Unconfirmed::fail_closed (the key was extended
+  // on the primary, but a promoted replica may not have it), or warn.
   void async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
-                    ReleaseHandler done);
+                    ReleaseHandler done, ReplicaConfirmation confirm = {});
+  // LockOptions' replica fields with the connection's defaults applied.
+  ReplicaConfirmation confirmation_for(const LockOptions& opts) const;
   // Many compare-and-pexpires in one script call (the lease scheduler's
   // renewals due in one tick). `done` gets one bool per entry, in order, or
-  // an Error for the whole batch. Every entry's key is on this service's one
-  // server (a batch is never split across servers).
+  // an Error for the whole batch. Unconfirmed (no WAIT), and every key must
+  // be on one server: not for a Redis Cluster (the scheduler renews those,
+  // and replica-confirmed leases, one by one).
   struct ExtendEntry {
     std::string resource;
     std::string token;

@@ -83,6 +83,7 @@ void LockClass::validate() const {
   if (!long_running && hard_timeout.count() > 0)
     throw bad("hard_timeout is set but long_running is not: a job that must finish within its ttl needs no lease");
   if (hard_timeout.count() < 0) throw bad("negative hard_timeout");
+  if (replicas < -1 || replicas > 64) throw bad(fmt::format("replicas {} is outside -1..64", replicas));
   if (owner.empty()) throw bad("no owner (who to call when this lock misbehaves)");
   if (protects.empty()) throw bad("no 'protects' (what a double run would damage)");
 }

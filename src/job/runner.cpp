@@ -186,7 +186,8 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
   auto* rc = dynamic_cast<guard::RedisCompletionStore*>(b_.completions);
   auto* ri = dynamic_cast<guard::RedisIdempotencyStore*>(b_.idempotency);
   redis::Client* lock_client = &leases_->service().client();
-  if (cls_.consequence != Consequence::high && rc && &rc->client() == lock_client &&
+  // (On a Redis Cluster the record's and the key's slots are not the lock's.)
+  if (cls_.consequence != Consequence::high && rc && &rc->client() == lock_client && !lock_client->options().cluster &&
       (!b_.idempotency || (ri && &ri->client() == lock_client && ri->options().retention.count() > 0))) {
     auto f = std::make_shared<Fused>();
     f->completions = rc;
@@ -515,6 +516,8 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   lo.fence = cls_.fenced || cls_.consequence == Consequence::high;
   lo.job_id = a.job_id;
   lo.lock_class = cls_.name;
+  lo.replicas = cls_.replicas;
+  lo.on_unconfirmed = cls_.on_unconfirmed;
   auto hold = [&](Lock lock) {
     if (cls_.long_running) {
       LeaseOptions leo;

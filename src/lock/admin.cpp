@@ -149,10 +149,24 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
   if (opts.audit_maxlen == 0) throw Error(errc::invalid_argument, "audit_maxlen must be >= 1");
   const auto& keys = service.keys();
   const std::string who = opts.who.empty() ? default_who() : opts.who;
-  auto r = service.client().eval(
-      force_release_script(), {keys.lock_key(resource), keys.fence_key(resource), audit_key(keys)},
-      {who, opts.reason, std::string(resource), std::to_string(opts.audit_maxlen), keys.channel(resource),
-       opts.expect_holder});
+  if (service.client().running_in_loop_thread())
+    throw Error(errc::invalid_argument, "blocking force_release on the event-loop thread would deadlock");
+  redis::Confirm wanted;
+  wanted.replicas = service.client().options().lock_replicas;
+  wanted.timeout = service.client().options().lock_replicas_timeout;
+  std::promise<std::pair<redis::Reply, redis::Confirmation>> p;
+  auto f = p.get_future();
+  std::vector<std::string> script_keys = {keys.lock_key(resource), keys.fence_key(resource), audit_key(keys)};
+  std::vector<std::string> args = {who, opts.reason, std::string(resource), std::to_string(opts.audit_maxlen),
+                                   keys.channel(resource), opts.expect_holder};
+  service.client().async_eval_confirmed(
+      force_release_script(), std::move(script_keys), std::move(args), wanted,
+      [&p, address = service.client().address(), what = fmt::format("force release of {}", resource)](
+          std::error_code ec, redis::Reply reply, redis::Confirmation c) {
+        if (ec) p.set_exception(std::make_exception_ptr(redis::to_error(ec, reply, address, what)));
+        else p.set_value({std::move(reply), std::move(c)});
+      });
+  auto [r, conf] = f.get();
   ForceReleaseResult out;
   if (!r.is_array() || r.elements.empty() || !r.elements[0].is_integer())
     throw Error(errc::protocol_error,
@@ -171,6 +185,7 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
   out.ttl_left = std::chrono::milliseconds(r.elements[2].integer);
   out.new_fence = to_i64(r.elements[3].str);
   out.audit_id = r.elements[4].str;
+  if (!conf.met(wanted)) out.unconfirmed = redis::describe(conf, wanted);
   return out;
 }
 

@@ -103,8 +103,13 @@ std::string format_release(std::string_view resource, const ForceReleaseResult& 
                            std::string_view expected_holder) {
   switch (r.outcome) {
     case ForceReleaseResult::Outcome::released:
-      return fmt::format("released {} (holder {}, {} left); fence advanced to {}; audit entry {}\n", resource,
-                         r.holder, ttl_text(r.ttl_left), r.new_fence, r.audit_id);
+      return fmt::format("released {} (holder {}, {} left); fence advanced to {}; audit entry {}\n{}", resource,
+                         r.holder, ttl_text(r.ttl_left), r.new_fence, r.audit_id,
+                         r.unconfirmed.empty()
+                             ? std::string()
+                             : fmt::format("warning: not confirmed by replicas: {}; a failover now may bring "
+                                           "back the old holder's lock and fence\n",
+                                           r.unconfirmed));
     case ForceReleaseResult::Outcome::not_held:
       return fmt::format("{} is not held: nothing released\n", resource);
     case ForceReleaseResult::Outcome::holder_changed:
@@ -153,6 +158,7 @@ std::string release_json(std::string_view resource, const ForceReleaseResult& r)
     j["ttl_left_ms"] = r.ttl_left.count();
     j["fence"] = r.new_fence;
     j["audit_id"] = r.audit_id;
+    if (!r.unconfirmed.empty()) j["unconfirmed"] = r.unconfirmed;
   }
   return j.dump();
 }

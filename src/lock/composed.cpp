@@ -36,7 +36,11 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   auto gate = std::static_pointer_cast<StateGate>(svc.gate());
   // Fair grants queue and wait; a gate that must check the server first (or
   // refuses grants) is the waiter's business: both take the ordinary path.
-  auto ticket = opts.fair ? nullptr : gate->ready();
+  // Replica-confirmed grants need their WAIT, and on a Redis Cluster the
+  // caller's keys are in other slots than the lock's: the ordinary path.
+  auto ticket = opts.fair || svc.confirmation_for(opts).replicas > 0 || svc.client().options().cluster
+                    ? nullptr
+                    : gate->ready();
   if (!ticket || opts.ttl > svc.max_ttl() || opts.ttl < std::chrono::milliseconds(10))
     return answer(svc, std::move(done), Error(), {});
   const auto& k = svc.keys();

@@ -46,9 +46,10 @@ enum class ComposedStatus {
   granted,
   busy,      // held by another: counted as a finished try-once when opts.wait is 0
   declined,  // the caller's check said no; no lock
-  // Not answered by the lock: the state gate was not ready (a check or a
-  // quarantine pending), keys were evicted, or the grant came on a connection
-  // the gate did not check (handed back). Take the ordinary acquire path; the
+  // Not answered by the lock: a fair or replica-confirmed lock, a Redis
+  // Cluster, the state gate not ready (a check or a quarantine pending),
+  // keys evicted, or a grant on a connection the gate did not check (handed
+  // back). Take the ordinary acquire path; the
   // caller's part may still have run (`part`).
   fallback,
 };

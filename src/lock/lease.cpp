@@ -213,8 +213,12 @@ struct LeaseScheduler::Impl {
       if (s->tl.poll(now, s->opts.coalesce)) {
         s->tl.renewal_sent(now);
         renewals_sent.fetch_add(1, std::memory_order_relaxed);
-        batch.push_back(s);
-        if (batch.size() == kRenewalBatch) send_renewals(std::exchange(batch, {}));
+        if (!batchable(*s)) {
+          send_renewal(s);
+        } else {
+          batch.push_back(s);
+          if (batch.size() == kRenewalBatch) send_renewals(std::exchange(batch, {}));
+        }
       }
       publish(s);
       // A lease waiting for its reply is rescheduled by poll() to its next
@@ -262,6 +266,23 @@ struct LeaseScheduler::Impl {
         entries, [this, self, batch = std::move(batch)](const Error& e, std::vector<bool> ours) {
           for (std::size_t i = 0; i < batch.size(); ++i) renewed(batch[i], e, !e && ours[i]);
         });
+  }
+
+  // A renewal of its own: a lease whose grant asked for replica confirmation
+  // (its renewal is confirmed like the grant: WAIT after it on the same
+  // connection, and an unconfirmed one, fail-closed, fails like one Redis did
+  // not answer, so the safe time only moves on renewals the replicas have),
+  // or any lease on a Redis Cluster (a batch's keys are in many slots).
+  void send_renewal(const std::shared_ptr<Lease::State>& s) {
+    auto self = owner.lock();
+    if (!self) return;
+    self->service().async_extend(
+        s->lock.resource(), s->lock.token(), s->lock.ttl(),
+        [this, self, s](const Error& e, bool ours) { renewed(s, e, ours); }, s->lock.confirmation());
+  }
+
+  bool batchable(const Lease::State& s) const {
+    return s.lock.confirmation().replicas == 0 && !s.sched->service().client().options().cluster;
   }
 
   void renewed(const std::shared_ptr<Lease::State>& s, const Error& e, bool ours) {

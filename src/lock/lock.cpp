@@ -54,7 +54,30 @@ const redis::Script& lock_release_script() {
   return s;
 }
 
+const char* to_string(Unconfirmed u) noexcept {
+  switch (u) {
+    case Unconfirmed::fail_closed: return "fail-closed";
+    case Unconfirmed::warn: return "warn";
+  }
+  return "?";
+}
+
 namespace {
+void warn_line(redis::Client& client, const std::string& line) {
+  if (client.options().on_warning) client.options().on_warning(line);
+  else std::fprintf(stderr, "jobguard: warning: %s\n", line.c_str());
+}
+
+// The WAIT (or WAITAOF, where the last lock-state check found Redis 7.2+
+// with AOF on) a confirmation sends.
+redis::Confirm to_confirm(const ReplicaConfirmation& c, const std::shared_ptr<void>& gate) {
+  redis::Confirm r;
+  r.replicas = c.replicas;
+  r.timeout = c.timeout;
+  r.waitaof = c.replicas > 0 && gate && static_cast<const detail::StateGate*>(gate.get())->waitaof();
+  return r;
+}
+
 // Releases a lock by compare-and-delete; a fair lock's release hands it to the
 // live head of its queue (release.lua). Shared by Lock, LockService and the
 // grant listener, which must work after the service that started it is gone.
@@ -276,6 +299,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
   void start(LockService::Impl* impl) {
     impl_ = impl;
+    confirmation_ = svc_->confirmation_for(opts_);
     const auto& k = svc_->keys();
     key_ = k.lock_key(resource_);
     token_ = make_token(opts_.job_id);
@@ -415,6 +439,37 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     return gate_->current(*ticket_) ? Machine::Reply::granted : Machine::Reply::unchecked_grant;
   }
 
+  redis::Confirm confirm() const { return to_confirm(confirmation_, svc_->gate()); }
+
+  // A grant in a reply, with the confirmation pipelined behind it. A grant
+  // the gate refuses (unchecked) is handed back by the machine whatever the
+  // replicas said; a checked one counts only once enough replicas have it.
+  void granted_reply(std::optional<std::int64_t> fence, const redis::Confirmation& c) {
+    const auto verdict = granted();
+    if (verdict == Machine::Reply::granted && confirmation_.replicas > 0) {
+      if (!accept(c, confirm())) return;
+      confirmed_ = true;
+    }
+    run(m_.reply(clock_.now(), verdict, fence));
+  }
+
+  // False when the grant was not confirmed and the class is fail-closed: the
+  // grant is then released and the acquire fails (told to the machine here).
+  bool accept(const redis::Confirmation& c, const redis::Confirm& wanted) {
+    if (c.met(wanted)) return true;
+    const std::string why = redis::describe(c, wanted);
+    if (confirmation_.on_unconfirmed == Unconfirmed::warn) {
+      warn_line(svc_->client(), fmt::format("grant of {} on {} kept although not confirmed: {} (lock class '{}', "
+                                            "on_unconfirmed=warn: a failover may grant it again)",
+                                            key_, svc_->client().address(), why, opts_.lock_class));
+      return true;
+    }
+    svc_->async_release(resource_, token_, nullptr, opts_.fair);
+    if (!opts_.fair) token_ = make_token(opts_.job_id);
+    failed(make_error_code(errc::server_busy), fmt::format("grant not confirmed by replicas: {}; released", why));
+    return false;
+  }
+
   void busy() {
     metrics_->busy_total.inc();
     run(m_.reply(clock_.now(), Machine::Reply::busy));
@@ -428,11 +483,12 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (script_keys_.empty() && ticket_->evicted.empty()) {
       // The plain form other clients (ioredis, node-redlock, Laravel) use too.
       redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
-      svc_->client().async_exec(std::move(cmd), [self](std::error_code ec, redis::Reply r) {
-        if (ec) return self->failed(ec, std::move(r.str));
-        if (r.is_ok()) return self->run(self->m_.reply(self->clock_.now(), self->granted()));
-        self->busy();
-      });
+      svc_->client().async_exec_confirmed(
+          std::move(cmd), confirm(), [self](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+            if (ec) return self->failed(ec, std::move(r.str));
+            if (r.is_ok()) return self->granted_reply(std::nullopt, c);
+            self->busy();
+          });
       return;
     }
     if (script_keys_.empty()) {
@@ -449,8 +505,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      std::to_string(waiter_lease().count()),
                                      entry_,
                                      ticket_->evicted};
-    svc_->client().async_eval(
-        script_acquire(), script_keys_, std::move(args), [self](std::error_code ec, redis::Reply r) {
+    svc_->client().async_eval_confirmed(
+        script_acquire(), script_keys_, std::move(args), confirm(),
+        [self](std::error_code ec, redis::Reply r, redis::Confirmation c) {
           if (ec) return self->failed(ec, std::move(r.str));
           if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
             return self->failed(make_error_code(errc::protocol_error),
@@ -464,13 +521,64 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
           if (r.elements[0].integer == 1) {
             std::optional<std::int64_t> fence;
             if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
-            return self->run(self->m_.reply(self->clock_.now(), self->granted(), fence));
+            return self->granted_reply(fence, c);
           }
           self->busy();
         });
   }
 
+  // A grant that did not come with a confirmed reply (a fair handoff by
+  // another client's release, a grant message) is confirmed from here: a
+  // compare-and-pexpire of our own, then WAIT on the same connection. WAIT
+  // covers only what its connection wrote, and the handoff was written by
+  // the releaser's; the pexpire comes after it in the replication stream,
+  // so replicas that acknowledged it have the handoff too.
+  void confirm_then_complete(Machine::Action a) {
+    // The machine is done: nothing it armed may fire into it meanwhile.
+    ++timer_gen_;
+    if (timer_) timer_->cancel();
+    const std::string ttl = std::to_string(opts_.ttl.count());
+    const auto wanted = confirm();
+    svc_->client().async_eval_views_confirmed(
+        script_extend(), {key_}, {token_, ttl}, wanted,
+        [self = shared_from_this(), a, wanted](std::error_code ec, redis::Reply r, redis::Confirmation c) mutable {
+          if (ec) {
+            self->svc_->async_release(self->resource_, self->token_, nullptr, self->opts_.fair);
+            self->ec_ = ec;
+            self->detail_ = std::move(r.str);
+            return self->complete_failed();
+          }
+          if (!r.is_integer() || r.integer != 1) {
+            self->ec_ = make_error_code(errc::lease_lost);
+            self->detail_ = "the lock handed to this waiter was gone before replicas could confirm it";
+            return self->complete_failed();
+          }
+          if (!c.met(wanted)) {
+            if (self->confirmation_.on_unconfirmed == Unconfirmed::fail_closed) {
+              self->svc_->async_release(self->resource_, self->token_, nullptr, self->opts_.fair);
+              self->ec_ = make_error_code(errc::server_busy);
+              self->detail_ = fmt::format("grant not confirmed by replicas: {}; released", redis::describe(c, wanted));
+              return self->complete_failed();
+            }
+            self->accept(c, wanted);  // warns
+          }
+          self->confirmed_ = true;
+          self->complete(a);
+        });
+  }
+
+  void complete_failed() {
+    if (timer_) timer_->cancel();
+    auto done = std::move(done_);
+    metrics_->redis_errors_total.inc();
+    done(redis::to_error(ec_, redis::Reply::error_reply(std::move(detail_)), svc_->client().address(),
+                         "acquire of " + key_),
+         std::nullopt);
+  }
+
   void complete(const Machine::Action& a) {
+    if (a.result == Machine::Result::granted && confirmation_.replicas > 0 && !confirmed_)
+      return confirm_then_complete(a);
     if (timer_) timer_->cancel();
     auto done = std::move(done_);
     if (a.result == Machine::Result::failed) {
@@ -510,6 +618,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   observe::LockClassMetrics* metrics_ = nullptr;
   std::error_code ec_;  // the failure complete(failed) reports
   std::string detail_;
+  ReplicaConfirmation confirmation_;
+  bool confirmed_ = false;  // the grant delivered came with enough acknowledgements
 };
 
 }  // namespace
@@ -585,6 +695,7 @@ Lock LockService::make_lock(std::string resource, std::string key, std::string t
   l.acquired_at_ = sent_at;
   l.held_ = true;
   l.epoch_ = std::move(epoch);
+  l.confirmation_ = confirmation_for(opts);
   return l;
 }
 
@@ -654,16 +765,38 @@ void LockService::async_release(const std::string& resource, const std::string& 
   release_lock(client_, keys_, resource, token, std::move(done), fair);
 }
 
+ReplicaConfirmation LockService::confirmation_for(const LockOptions& opts) const {
+  ReplicaConfirmation c;
+  c.replicas = opts.replicas >= 0 ? opts.replicas : client_.options().lock_replicas;
+  c.timeout = opts.replicas_timeout.count() > 0 ? opts.replicas_timeout : client_.options().lock_replicas_timeout;
+  c.on_unconfirmed = opts.on_unconfirmed;
+  return c;
+}
+
 void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
-                               ReleaseHandler done) {
+                               ReleaseHandler done, ReplicaConfirmation confirmation) {
   const std::string key = keys_.lock_key(resource);
   const std::string ms = std::to_string(ttl.count());
-  client_.async_eval_views(script_extend(), {key}, {token, ms},
-                           [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r) {
-                             if (!done) return;
-                             if (ec) return done(redis::to_error(ec, r, c->address(), "extend"), false);
-                             done(Error(), r.is_integer() && r.integer == 1);
-                           });
+  const redis::Confirm wanted = to_confirm(confirmation, gate_);
+  client_.async_eval_views_confirmed(
+      script_extend(), {key}, {token, ms}, wanted,
+      [done = std::move(done), c = &client_, wanted, policy = confirmation.on_unconfirmed, key](
+          std::error_code ec, redis::Reply r, redis::Confirmation conf) {
+        if (!done) return;
+        if (ec) return done(redis::to_error(ec, r, c->address(), "extend"), false);
+        const bool ours = r.is_integer() && r.integer == 1;
+        if (ours && !conf.met(wanted)) {
+          const std::string why = redis::describe(conf, wanted);
+          if (policy == Unconfirmed::fail_closed)
+            return done(Error(errc::server_busy,
+                              fmt::format("extend of {} on {}: not confirmed by replicas: {}", key, c->address(), why),
+                              error_source::redis),
+                        false);
+          warn_line(*c, fmt::format("extension of {} on {} counted although not confirmed: {} (on_unconfirmed=warn)",
+                                    key, c->address(), why));
+        }
+        done(Error(), ours);
+      });
 }
 
 void LockService::async_extend_many(const std::vector<ExtendEntry>& entries, ExtendManyHandler done) {
@@ -705,7 +838,8 @@ Lock::Lock(Lock&& o) noexcept
       ttl_(o.ttl_),
       acquired_at_(o.acquired_at_),
       held_(o.held_),
-      epoch_(std::move(o.epoch_)) {
+      epoch_(std::move(o.epoch_)),
+      confirmation_(o.confirmation_) {
   o.held_ = false;
 }
 
@@ -724,6 +858,7 @@ Lock& Lock::operator=(Lock&& o) noexcept {
     acquired_at_ = o.acquired_at_;
     held_ = o.held_;
     epoch_ = std::move(o.epoch_);
+    confirmation_ = o.confirmation_;
     o.held_ = false;
   }
   return *this;
@@ -771,9 +906,12 @@ void Lock::async_release(Handler done) {
 void Lock::async_extend(std::chrono::milliseconds ttl, Handler done) {
   if (!held_) return answer_not_held(service_, std::move(done));
   if (ttl.count() == 0) ttl = ttl_;
-  service_->async_extend(resource_, token_, ttl, [done = std::move(done), key = key_](const Error& e, bool ours) {
-    if (done) done(e ? e.with_context(key) : e, ours);
-  });
+  service_->async_extend(
+      resource_, token_, ttl,
+      [done = std::move(done), key = key_](const Error& e, bool ours) {
+        if (done) done(e ? e.with_context(key) : e, ours);
+      },
+      confirmation_);
 }
 
 namespace {

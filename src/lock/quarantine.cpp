@@ -28,6 +28,24 @@ const redis::Script& script_epoch() {
 constexpr int kMaxCheckRetries = 5;
 }  // namespace
 
+bool version_at_least(std::string_view version, int major, int minor) {
+  int v[2] = {0, 0};
+  std::size_t i = 0;
+  for (int part = 0; part < 2; ++part) {
+    if (i >= version.size() || version[i] < '0' || version[i] > '9') return false;
+    while (i < version.size() && version[i] >= '0' && version[i] <= '9') v[part] = v[part] * 10 + (version[i++] - '0');
+    if (part == 0) {
+      if (i >= version.size() || version[i] != '.') return false;
+      ++i;
+    }
+  }
+  return v[0] > major || (v[0] == major && v[1] >= minor);
+}
+
+bool StateGate::waitaof() const noexcept {
+  return client_.options().lock_waitaof && aof_enabled_ && version_at_least(server_version_, 7, 2);
+}
+
 std::string quarantine_message(const std::string& reason, ms left) {
   return fmt::format("server lost lock state ({}); grants refused for {} ms more", reason, left.count());
 }
@@ -122,7 +140,7 @@ void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::R
                               client_.address()),
                   ms(0));
   }
-  if (!r.is_array() || r.elements.size() != 6)
+  if (!r.is_array() || r.elements.size() != 8)
     return settle(make_error_code(errc::protocol_error),
                   "unexpected reply to the lock-state check: " + to_debug_string(r), ms(0));
   const std::string& id = r.elements[0].str;
@@ -136,6 +154,8 @@ void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::R
                   fmt::format("{} is a {}, not a primary: no grants from it", client_.address(), r.elements[5].str),
                   ms(0));
   }
+  server_version_ = r.elements[6].str;
+  aof_enabled_ = r.elements[7].is_integer() && r.elements[7].integer == 1;
   const std::string old = ticket_ ? ticket_->epoch : last_epoch_;
   auto t = std::make_shared<Ticket>();
   t->mark = sent_mark;
@@ -173,7 +193,7 @@ void trust_new_server(redis::Client& client) {
   std::vector<std::string> keys{detail::kLockStateKey};
   std::vector<std::string> args{std::to_string(max_ttl.count()), "trust"};
   const auto r = client.eval(detail::script_epoch(), std::move(keys), std::move(args));
-  if (!r.is_array() || r.elements.size() != 6)
+  if (!r.is_array() || r.elements.size() != 8)
     throw Error(errc::protocol_error, "unexpected reply to the lock-state record: " + redis::to_debug_string(r));
   if (r.elements[5].str != "master")
     throw Error(errc::invalid_argument, fmt::format("{} is a {}: only a primary can be trusted as new", client.address(),

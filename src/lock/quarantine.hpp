@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -66,6 +67,12 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   void listen(std::weak_ptr<void> owner, Listener l);
   std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }
   std::uint64_t mark() const;
+  // From the last check: the server's version ("7.0.15"; "" before the
+  // first) and whether replica confirmations use WAITAOF there (Redis 7.2+
+  // with appendonly yes, unless the URL says waitaof=no) rather than WAIT.
+  const std::string& server_version() const noexcept { return server_version_; }
+  bool aof_enabled() const noexcept { return aof_enabled_; }
+  bool waitaof() const noexcept;
 
  private:
   void check();
@@ -79,11 +86,16 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   std::chrono::steady_clock::time_point checked_at_{}, quarantine_until_{};
   std::string reason_;
   std::string last_epoch_;  // survives invalidate(): a changed id is news
+  std::string server_version_;
+  bool aof_enabled_ = false;
   bool checking_ = false;
   int retries_ = 0;
   std::vector<Admit> waiting_;
   std::vector<std::pair<std::weak_ptr<void>, Listener>> listeners_;
 };
+
+// "7.2.4" >= 7.2; false for anything that does not start with "<n>.<n>".
+bool version_at_least(std::string_view version, int major, int minor);
 
 // The message a refused grant carries.
 std::string quarantine_message(const std::string& reason, std::chrono::milliseconds left);

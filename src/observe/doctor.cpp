@@ -251,12 +251,114 @@ CheckResult clock_check(redis::Client& c, const DoctorOptions& o) {
   return ok("clock", detail);
 }
 
-CheckResult check_cluster(const Info& info) {
-  if (get(info, "cluster_enabled") == "1")
-    return fail("cluster", "cluster mode is enabled",
-                "jobguard's client talks to one node and does not follow MOVED/ASK redirects: locks whose slot "
-                "lives on another node fail; use a standalone primary (with replicas) for locks");
+CheckResult check_cluster(redis::Client& c, const Info& info) {
+  const bool enabled = get(info, "cluster_enabled") == "1";
+  if (enabled && !c.options().cluster)
+    return fail("cluster", "cluster mode is enabled, and the URL does not say cluster=yes",
+                "without ?cluster=yes the client talks to this one node only: commands for slots served elsewhere "
+                "fail with MOVED; add cluster=yes to the URL");
+  if (enabled) {
+    const auto r = c.exec(redis::Command{"CLUSTER", "INFO"});
+    const Info ci = parse_info(r.str);
+    const auto detail = fmt::format("cluster mode (cluster=yes): state {}, {} of 16384 slots served, {} primaries",
+                                    get(ci, "cluster_state"), get(ci, "cluster_slots_ok"), get(ci, "cluster_size"));
+    if (get(ci, "cluster_state") != "ok")
+      return fail("cluster", detail, "the cluster cannot serve every slot: commands for some keys fail (CLUSTERDOWN)");
+    return ok("cluster", detail + " (the lock-state record and its quarantine live on one shard: docs/lock-safety.md)");
+  }
+  if (c.options().cluster)
+    return fail("cluster", "the URL says cluster=yes but the server is not in cluster mode",
+                "drop cluster=yes, or point the URL at a cluster node");
   return ok("cluster", "standalone");
+}
+
+// Behind Sentinel: every sentinel of the URL (and those they know of) asked
+// directly, short deadlines, for the primary, its quorum and its replicas.
+CheckResult check_sentinel(redis::Client& c) {
+  const auto& so = c.options().sentinel;
+  std::vector<redis::SentinelOptions::Address> list = so.sentinels;
+  std::vector<std::string> seen, unreachable, disagree;
+  std::string quorum, replicas;
+  const std::string ours = c.address();
+  for (std::size_t i = 0; i < list.size() && i < 16; ++i) {
+    const auto a = list[i];
+    const std::string where = fmt::format("{}:{}", a.host, a.port);
+    redis::ConnectionOptions o;
+    o.host = a.host;
+    o.port = a.port;
+    o.password = so.password;
+    o.connect_timeout = std::chrono::milliseconds(500);
+    o.command_timeout = std::chrono::milliseconds(1000);
+    o.on_warning = [](const std::string&) {};
+    try {
+      redis::Client s(o);
+      auto m = s.exec(redis::Command{"SENTINEL", "get-master-addr-by-name", so.master_name});
+      if (!m.is_array() || m.elements.size() != 2) {
+        disagree.push_back(fmt::format("{} does not monitor '{}'", where, so.master_name));
+        continue;
+      }
+      const std::string primary = fmt::format("{}:{}", m.elements[0].str, m.elements[1].str);
+      seen.push_back(where);
+      if (primary != ours) disagree.push_back(fmt::format("{} names {}", where, primary));
+      if (quorum.empty()) {
+        try {
+          quorum = s.exec(redis::Command{"SENTINEL", "ckquorum", so.master_name}).str;
+        } catch (const Error& e) {
+          quorum = std::string("NO: ") + std::string(e.detail());
+        }
+        auto r = s.exec(redis::Command{"SENTINEL", "replicas", so.master_name});
+        replicas = fmt::format("{}", r.is_array() ? r.elements.size() : 0);
+      }
+      auto others = s.exec(redis::Command{"SENTINEL", "sentinels", so.master_name});
+      for (const auto& e : others.elements) {
+        redis::SentinelOptions::Address x;
+        for (std::size_t k = 0; k + 1 < e.elements.size(); k += 2) {
+          if (e.elements[k].str == "ip") x.host = e.elements[k + 1].str;
+          if (e.elements[k].str == "port") x.port = static_cast<std::uint16_t>(to_i64(e.elements[k + 1].str));
+        }
+        if (!x.host.empty() && std::find(list.begin(), list.end(), x) == list.end()) list.push_back(x);
+      }
+    } catch (const Error& e) {
+      unreachable.push_back(fmt::format("{} ({})", where, e.detail()));
+    }
+  }
+  const std::string detail = fmt::format(
+      "master '{}': {} of {} sentinels answer{}; the client uses {}; {} replica(s) known; quorum: {}", so.master_name,
+      seen.size(), list.size(), disagree.empty() ? ", all name it" : "", ours, replicas.empty() ? "?" : replicas,
+      quorum.empty() ? "?" : quorum);
+  if (seen.empty())
+    return fail("sentinel", detail + (unreachable.empty() ? "" : "; unreachable: " + fmt::format("{}", fmt::join(unreachable, "; "))),
+                "no sentinel answers for this master: after an error the client cannot find the primary");
+  if (!disagree.empty())
+    return fail("sentinel", detail + "; " + fmt::format("{}", fmt::join(disagree, "; ")),
+                "the sentinels disagree about the primary (a failover in progress, or a split): run again; if it "
+                "persists, fix the sentinels before relying on failover");
+  if (quorum.rfind("OK", 0) != 0)
+    return fail("sentinel", detail, "the sentinels cannot reach a quorum: a failed primary would not be replaced");
+  if (!unreachable.empty())
+    return warn("sentinel", detail + "; unreachable: " + fmt::format("{}", fmt::join(unreachable, "; ")),
+                "some sentinels do not answer: fewer votes are left for a failover");
+  return ok("sentinel", detail);
+}
+
+// replicas=N: WAIT needs N connected replicas, or every grant is refused.
+CheckResult check_confirmation(redis::Client& c, const Info& info) {
+  const int want = c.options().lock_replicas;
+  const auto have = to_i64(get(info, "connected_slaves"));
+  const bool aof = get(info, "aof_enabled") == "1";
+  const std::string version = get(info, "redis_version");
+  const bool waitaof = c.options().lock_waitaof && aof && (version.rfind("7.", 0) == 0 ? to_i64(version.substr(2)) >= 2
+                                                                                       : to_i64(version) >= 8);
+  if (want <= 0)
+    return ok("replica_confirmation", "off (replicas=0): grants are acknowledged by the primary alone");
+  const auto detail = fmt::format("replicas={} with {} connected replica(s); confirmed with {} (redis {}{})", want,
+                                  have, waitaof ? "WAITAOF" : "WAIT", version,
+                                  waitaof ? ", appendonly yes" : (aof ? ", WAITAOF needs 7.2+" : ""));
+  if (have < want)
+    return fail("replica_confirmation", detail,
+                "fewer replicas are connected than replicas= asks for: every grant is refused (fail-closed) or "
+                "kept unconfirmed (warn); lower replicas= or fix replication");
+  return ok("replica_confirmation", detail + " (not consensus: docs/lock-safety.md)");
 }
 
 CheckResult check_shared(redis::Client& c, const Info& info, const DoctorOptions& o) {
@@ -330,7 +432,9 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
     }
   };
   guarded("role", [&] { return check_role(info); });
+  if (!c.options().sentinel.sentinels.empty()) guarded("sentinel", [&] { return check_sentinel(c); });
   guarded("replicas", [&] { return check_replicas(info, o); });
+  guarded("replica_confirmation", [&] { return check_confirmation(c, info); });
   guarded("eviction", [&] { return check_eviction(info); });
   guarded("evicted_keys", [&] { return check_evicted(info); });
   guarded("persistence", [&] { return check_persistence(c, info); });
@@ -338,7 +442,7 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
   guarded("acl", [&] { return check_acl(c, o); });
   guarded("latency", [&] { return check_latency(c, o); });
   guarded("clock", [&] { return check_clock(c, o); });
-  guarded("cluster", [&] { return check_cluster(info); });
+  guarded("cluster", [&] { return check_cluster(c, info); });
   guarded("shared_workload", [&] { return check_shared(c, info, o); });
   return out;
 }

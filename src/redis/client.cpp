@@ -19,10 +19,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <optional>
+#include <unordered_map>
 #include <random>
 #include <thread>
 
 #include "jobguard/error.hpp"
+#include "redis/cluster.hpp"
 #include "redis/connection.hpp"
 #include "redis/multiplexer.hpp"
 #include "redis/tls_context.hpp"
@@ -106,12 +108,24 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
     for (int i = 0; i < opts.connections; ++i)
       conns.push_back(std::make_shared<Connection>(*ctx, opts, ssl, stats));
-    asio::post(*ctx, [conns = conns] {
+    if (opts.cluster) {
+      slot_owner.assign(detail::kClusterSlots, nullptr);
+      nodes.emplace(address, conns.front());
+    }
+    asio::post(*ctx, [self = shared_from_this(), conns = conns] {
       for (auto& c : conns) c->start();
+      if (self->opts.cluster) self->refresh_slots();
     });
   }
 
   bool on_loop() const { return ctx->get_executor().running_in_this_thread(); }
+
+  // Behind Sentinel the server moves: the primary the first connection last
+  // dialled. Any thread.
+  std::string current_address() const {
+    if (opts.sentinel.sentinels.empty()) return address;
+    return conns.front()->address();
+  }
 
   // Loop thread only.
   Connection& pick() {
@@ -149,18 +163,169 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
       }
     }
     if (on_loop()) {
-      pick().submit(std::move(r));
+      route(std::move(r));
     } else {
       asio::post(*ctx, [this, keep = shared_from_this(), r = std::move(r)]() mutable {
         if (closed.load())
           return refuse(stats.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
-        pick().submit(std::move(r));
+        route(std::move(r));
       });
     }
   }
 
+  // --- Redis Cluster (opts.cluster) -------------------------------------------
+  // Loop thread only. Node connections by "host:port" (the seed
+  // connections among them), and each slot's primary as last learned
+  // (CLUSTER SLOTS, MOVED); null = not known yet: the seed.
+  std::unordered_map<std::string, std::shared_ptr<Connection>> nodes;
+  std::vector<Connection*> slot_owner;
+  bool refreshing = false;
+  static constexpr int kMaxRedirects = 5;
+
+  Connection& node(const std::string& host, std::uint16_t port) {
+    const std::string where = fmt::format("{}:{}", host, port);
+    auto it = nodes.find(where);
+    if (it != nodes.end()) return *it->second;
+    ConnectionOptions no = opts;
+    no.host = host;
+    no.port = port;
+    auto c = std::make_shared<Connection>(*ctx, no, ssl, stats);
+    nodes.emplace(where, c);
+    if (!closed.load()) c->start();
+    return *c;
+  }
+
+  Connection& pick_for(std::string_view payload) {
+    if (!opts.cluster) return pick();
+    const auto key = detail::routing_key(payload);
+    if (!key) return pick();
+    Connection* c = slot_owner[detail::key_slot(*key)];
+    return c ? *c : pick();
+  }
+
+  // Asks the seed for the slot map. One at a time; a MOVED asks again.
+  void refresh_slots() {
+    if (refreshing || closed.load()) return;
+    refreshing = true;
+    detail::Multiplexer::Request r;
+    r.payload = Command{"CLUSTER", "SLOTS"}.payload();
+    r.deadline = Clock::now() + opts.command_timeout;
+    r.done = [self = shared_from_this()](std::error_code ec, Reply reply) {
+      self->refreshing = false;
+      if (ec || self->closed.load()) return;
+      for (const auto& range : detail::parse_cluster_slots(reply, self->opts.host)) {
+        Connection* c = &self->node(range.host, range.port);
+        for (unsigned s = range.first; s <= range.last; ++s) self->slot_owner[s] = c;
+      }
+    };
+    pick().submit(std::move(r));
+  }
+
+  // Sends `r` to the node owning its key; MOVED and ASK are followed (at
+  // most kMaxRedirects times, inside the call's deadline), TRYAGAIN and
+  // CLUSTERDOWN retried with backoff until the deadline. A redirect means
+  // the command did not run where it was sent, so it is safe to resend.
+  void route(detail::Multiplexer::Request r, int hops = 0, Connection* to = nullptr) {
+    if (!opts.cluster) return pick().submit(std::move(r));
+    Connection& c = to ? *to : pick_for(r.payload);
+    auto payload = std::make_shared<const std::string>(r.payload);
+    r.done = [self = shared_from_this(), payload, deadline = r.deadline, done = std::move(r.done), hops](
+                 std::error_code ec, Reply reply) mutable {
+      if (ec && reply.is_error() && hops < kMaxRedirects && !self->closed.load()) {
+        // Built only when resent: `done` stays ours until then.
+        auto resend = [&] {
+          detail::Multiplexer::Request again;
+          again.payload = *payload;
+          again.deadline = deadline;
+          again.done = std::move(done);
+          return again;
+        };
+        if (auto rd = detail::parse_redirect(reply.str)) {
+          auto again = resend();
+          Connection& target = self->node(rd->host, rd->port);
+          if (rd->kind == detail::Redirect::Kind::moved) {
+            self->slot_owner[rd->slot] = &target;
+            self->refresh_slots();
+            return self->route(std::move(again), hops + 1, &target);
+          }
+          // ASK: this one command, on the importing node, after ASKING.
+          detail::Multiplexer::Request asking;
+          asking.payload = Command{"ASKING"}.payload();
+          asking.deadline = deadline;
+          asking.done = [](std::error_code, Reply) {};
+          target.submit(std::move(asking));
+          return self->route(std::move(again), hops + 1, &target);
+        }
+        const auto prefix = reply.error_prefix();
+        if (prefix == "TRYAGAIN" || prefix == "CLUSTERDOWN") {
+          const auto backoff = std::chrono::milliseconds(10 << std::min(hops, 4));
+          if (Clock::now() + backoff < deadline) {
+            auto again = resend();
+            auto timer = std::make_shared<asio::steady_timer>(*self->ctx, backoff);
+            timer->async_wait([self, timer, again = std::move(again), hops](boost::system::error_code tec) mutable {
+              if (tec || self->closed.load()) {
+                return refuse(self->stats.get(), again.done, make_error_code(errc::shutdown), "client is shutting down");
+              }
+              self->route(std::move(again), hops + 1);
+            });
+            return;
+          }
+        }
+      }
+      done(ec, std::move(reply));
+    };
+    c.submit(std::move(r));
+  }
+
+  // Requests that must leave on one connection, back to back, in this order
+  // (a write and the WAIT that confirms it: WAIT covers only what its own
+  // connection wrote). Nothing can come between them: they are enqueued
+  // together on the loop thread.
+  void submit_together(std::vector<detail::Multiplexer::Request> rs, CallOptions o, Connection* to = nullptr) {
+    auto refuse_all = [this](std::vector<detail::Multiplexer::Request>& v, std::error_code ec, const std::string& why) {
+      for (auto& r : v) refuse(stats.get(), r.done, ec, why);
+    };
+    if (closed.load()) return refuse_all(rs, make_error_code(errc::shutdown), "client is shutting down");
+    if (o.fail_if_down) {
+      if (Error e = down_error(); e) {
+        asio::post(*ctx, [keep = shared_from_this(), rs = std::move(rs), e, refuse_all]() mutable {
+          refuse_all(rs, e.code(), std::string(e.detail()));
+        });
+        return;
+      }
+    }
+    auto go = [this, to](std::vector<detail::Multiplexer::Request>& v) {
+      Connection& c = to ? *to : pick_for(v.front().payload);
+      for (auto& r : v) c.submit(std::move(r));
+    };
+    if (on_loop()) return go(rs);
+    asio::post(*ctx, [this, keep = shared_from_this(), rs = std::move(rs), go, refuse_all]() mutable {
+      if (closed.load()) return refuse_all(rs, make_error_code(errc::shutdown), "client is shutting down");
+      go(rs);
+    });
+  }
+
+  // A write followed by its confirmation (Client::async_*_confirmed).
+  struct Confirmed {
+    Confirm confirm;
+    ConfirmedCompletion done;
+    CallOptions call;
+    bool fired = false, have_write = false;
+    std::uint64_t gen = 0;   // a NOSCRIPT retry's (or a redirect's) pair replaces the first
+    int hops = 0;            // Cluster redirects followed
+    std::string payload;     // the write, for a redirect (Cluster only)
+    Reply write;
+    // For the EVAL fallback of an EVALSHA (null for a plain command).
+    const Script* script = nullptr;
+    std::size_t argc = 0;
+    std::string tail;
+  };
+  void submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload, Connection* to = nullptr,
+                        bool asking = false);
+
   void close_all() {
     for (auto& c : conns) c->close();
+    for (auto& [where, c] : nodes) c->close();
   }
 
   // Any thread: conns is fixed from init() until the destructor.
@@ -170,7 +335,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     const std::string why = conns.front()->down_reason();
     return Error(errc::not_connected,
                  fmt::format("no connection to {}{}; the call fails at once instead of waiting for a reconnect",
-                             address, why.empty() ? "" : " (last error: " + why + ")"),
+                             current_address(), why.empty() ? "" : " (last error: " + why + ")"),
                  error_source::redis);
   }
 };
@@ -202,6 +367,7 @@ Client::~Client() {
     // Handlers still queued hold connections; dropping them with the context
     // runs no completion (they were all failed by close_all()).
     impl_->conns.clear();
+    impl_->nodes.clear();
     impl_->own_ctx.reset();
   } else if (impl_->on_loop()) {
     impl_->close_all();
@@ -293,6 +459,152 @@ void Client::Impl::submit_eval(const Script& script, std::size_t nkeys_args, std
       call);
 }
 
+std::string describe(const Confirm& c) {
+  if (c.waitaof) return fmt::format("WAITAOF 1 {} {}", c.replicas, c.timeout.count());
+  return fmt::format("WAIT {} {}", c.replicas, c.timeout.count());
+}
+
+std::string describe(const Confirmation& got, const Confirm& wanted) {
+  if (got.replicas < 0)
+    return fmt::format("the confirmation failed ({}): {}", describe(wanted), got.error.empty() ? "no reply" : got.error);
+  if (wanted.waitaof && got.local < 1)
+    return fmt::format("the primary did not fsync it to its AOF within {} ms ({}; {} of {} replicas did)",
+                       wanted.timeout.count(), describe(wanted), got.replicas, wanted.replicas);
+  return fmt::format("{} of {} replicas acknowledged within {} ms ({})", got.replicas, wanted.replicas,
+                     wanted.timeout.count(), describe(wanted));
+}
+
+namespace {
+Confirmation parse_confirmation(std::error_code ec, const Reply& r, bool waitaof) {
+  Confirmation c;
+  if (ec) {
+    c.error = r.str;
+    return c;
+  }
+  if (!waitaof && r.is_integer()) {
+    c.replicas = static_cast<int>(r.integer);
+    return c;
+  }
+  if (waitaof && r.is_array() && r.elements.size() == 2 && r.elements[0].is_integer() && r.elements[1].is_integer()) {
+    c.local = static_cast<int>(r.elements[0].integer);
+    c.replicas = static_cast<int>(r.elements[1].integer);
+    return c;
+  }
+  c.error = "unexpected reply " + to_debug_string(r);
+  return c;
+}
+}  // namespace
+
+void Client::Impl::submit_confirmed(const std::shared_ptr<Confirmed>& st, std::string payload, Connection* to,
+                                    bool asking) {
+  const auto gen = ++st->gen;
+  const auto timeout = st->call.timeout.count() > 0 ? st->call.timeout : opts.command_timeout;
+  const auto now = Clock::now();
+  if (opts.cluster) st->payload = payload;
+  std::vector<detail::Multiplexer::Request> rs(2);
+  rs[0].payload = std::move(payload);
+  rs[0].deadline = now + timeout;
+  rs[0].done = [impl = shared_from_this(), st, gen](std::error_code ec, Reply r) {
+    if (st->fired || gen != st->gen) return;
+    if (impl->opts.cluster && ec && r.is_error() && st->hops < kMaxRedirects && !impl->closed.load()) {
+      // Not run where it was sent: the pair goes again, together, to the
+      // node that has the slot (after ASKING for an ASK).
+      if (auto rd = detail::parse_redirect(r.str)) {
+        ++st->hops;
+        Connection& target = impl->node(rd->host, rd->port);
+        const bool ask = rd->kind == detail::Redirect::Kind::ask;
+        if (!ask) {
+          impl->slot_owner[rd->slot] = &target;
+          impl->refresh_slots();
+        }
+        impl->submit_confirmed(st, st->payload, &target, ask);
+        return;
+      }
+    }
+    if (st->script && ec == make_error_code(errc::script_error) && r.error_prefix() == "NOSCRIPT") {
+      // As submit_eval: EVAL loads it; the confirmation follows the EVAL
+      // (this pair's WAIT covered nothing of ours and is ignored).
+      impl->submit_confirmed(st, eval_payload(st->argc, "EVAL", st->script->source(), st->tail));
+      return;
+    }
+    if (ec) {
+      st->fired = true;
+      Confirmation none;
+      none.error = "the write failed";
+      return st->done(ec, std::move(r), std::move(none));
+    }
+    st->write = std::move(r);
+    st->have_write = true;
+  };
+  const std::string n = std::to_string(st->confirm.replicas), t = std::to_string(st->confirm.timeout.count());
+  rs[1].payload = st->confirm.waitaof ? Command{"WAITAOF", "1", n, t}.payload() : Command{"WAIT", n, t}.payload();
+  // The server holds the reply for up to the confirmation's timeout.
+  rs[1].deadline = now + timeout + st->confirm.timeout;
+  rs[1].done = [st, gen](std::error_code ec, Reply r) {
+    if (st->fired || gen != st->gen || !st->have_write) return;
+    st->fired = true;
+    st->done({}, std::move(st->write), parse_confirmation(ec, r, st->confirm.waitaof));
+  };
+  if (asking) {
+    detail::Multiplexer::Request a;
+    a.payload = Command{"ASKING"}.payload();
+    a.deadline = rs[0].deadline;
+    a.done = [](std::error_code, Reply) {};
+    rs.insert(rs.begin(), std::move(a));
+  }
+  submit_together(std::move(rs), st->call, to);
+}
+
+void Client::async_exec_confirmed(Command cmd, Confirm confirm, ConfirmedCompletion done, CallOptions opts) {
+  if (confirm.replicas <= 0) {
+    return async_exec(
+        std::move(cmd), [done = std::move(done)](std::error_code ec, Reply r) { done(ec, std::move(r), Confirmation{}); },
+        opts);
+  }
+  auto st = std::make_shared<Impl::Confirmed>();
+  st->confirm = confirm;
+  st->done = std::move(done);
+  st->call = opts;
+  impl_->submit_confirmed(st, std::move(cmd).take_payload());
+}
+
+namespace {
+template <class Keys, class Args>
+void eval_confirmed(const std::shared_ptr<Client::Impl>& impl, const Script& script, const Keys& keys, const Args& args,
+                    Confirm confirm, ConfirmedCompletion done, CallOptions opts) {
+  auto st = std::make_shared<Client::Impl::Confirmed>();
+  st->confirm = confirm;
+  st->done = std::move(done);
+  st->call = opts;
+  st->script = &script;
+  st->argc = 3 + std::size(keys) + std::size(args);
+  st->tail = eval_tail(keys, args);
+  std::string payload = eval_payload(st->argc, "EVALSHA", script.sha1(), st->tail);
+  impl->submit_confirmed(st, std::move(payload));
+}
+}  // namespace
+
+void Client::async_eval_confirmed(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
+                                  Confirm confirm, ConfirmedCompletion done, CallOptions opts) {
+  if (confirm.replicas <= 0) {
+    return async_eval(
+        script, std::move(keys), std::move(args),
+        [done = std::move(done)](std::error_code ec, Reply r) { done(ec, std::move(r), Confirmation{}); }, opts);
+  }
+  eval_confirmed(impl_, script, keys, args, confirm, std::move(done), opts);
+}
+
+void Client::async_eval_views_confirmed(const Script& script, std::initializer_list<std::string_view> keys,
+                                        std::initializer_list<std::string_view> args, Confirm confirm,
+                                        ConfirmedCompletion done, CallOptions opts) {
+  if (confirm.replicas <= 0) {
+    return async_eval_views(
+        script, keys, args,
+        [done = std::move(done)](std::error_code ec, Reply r) { done(ec, std::move(r), Confirmation{}); }, opts);
+  }
+  eval_confirmed(impl_, script, keys, args, confirm, std::move(done), opts);
+}
+
 void Client::async_eval(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
                         Completion done, CallOptions opts) {
   impl_->submit_eval(script, keys.size() + args.size(), eval_tail(keys, args), std::move(done), opts);
@@ -309,7 +621,7 @@ std::future<Reply> Client::exec_future(Command cmd, CallOptions opts) {
   std::string name = cmd.name();
   async_exec(
       std::move(cmd),
-      [p, address = impl_->address, name = std::move(name)](std::error_code ec, Reply r) {
+      [p, address = impl_->current_address(), name = std::move(name)](std::error_code ec, Reply r) {
         if (ec) p->set_exception(std::make_exception_ptr(to_error(ec, r, address, name)));
         else p->set_value(std::move(r));
       },
@@ -332,7 +644,7 @@ Reply Client::eval(const Script& script, std::vector<std::string> keys, std::vec
   std::string context = keys.empty() ? "script" : "script on key " + keys.front();
   async_eval(
       script, std::move(keys), std::move(args),
-      [p, address = impl_->address, context = std::move(context)](std::error_code ec, Reply r) {
+      [p, address = impl_->current_address(), context = std::move(context)](std::error_code ec, Reply r) {
         if (ec) p->set_exception(std::make_exception_ptr(to_error(ec, r, address, context)));
         else p->set_value(std::move(r));
       },
@@ -361,7 +673,7 @@ ClientStats Client::stats() const {
   return s;
 }
 
-std::string Client::address() const { return impl_->address; }
+std::string Client::address() const { return impl_->current_address(); }
 
 Error Client::down_error() const { return impl_->down_error(); }
 

@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <optional>
 #include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -87,9 +89,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
         connect_timer_(ctx),
         reconnect_timer_(ctx),
         sweep_timer_(ctx),
+        sentinel_timer_(ctx),
         mux_(detail::ReplyLimits{opts.max_reply_elements, opts.max_bulk_bytes, opts.max_reply_depth}),
         rng_(std::random_device{}()),
-        where_(fmt::format("{}:{}", opts.host, opts.port)) {
+        where_(fmt::format("{}:{}", opts.host, opts.port)),
+        sentinels_(opts.sentinel.sentinels) {
+    if (!sentinels_.empty()) {
+      std::string list;
+      for (const auto& a : sentinels_) list += fmt::format("{}{}:{}", list.empty() ? "" : ",", a.host, a.port);
+      where_ = fmt::format("the primary of '{}' (sentinels {})", opts.sentinel.master_name, list);
+    }
+    address_ = where_;
     const auto timeout = opts_.command_timeout;
     sweep_tick_ = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                         std::chrono::milliseconds(10));
@@ -129,6 +139,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // rejected, certificate refused): the owner reports it to its user.
   void set_on_fatal(std::function<void(std::error_code, const std::string&)> fn) { on_fatal_ = std::move(fn); }
   const std::string& where() const noexcept { return where_; }
+  // Any thread: the server this connection talks to ("host:port"), or for a
+  // Sentinel deployment the last primary a sentinel named (before the first
+  // answer, "the primary of 'NAME' (sentinels ...)").
+  std::string address() const {
+    std::lock_guard g(down_mu_);
+    return address_;
+  }
+  // A one-shot connection (a sentinel query): a failed connect fails the
+  // queued calls at once and is not retried. Before start().
+  void set_probe() noexcept { probe_ = true; }
 
   std::size_t load() const noexcept { return mux_.pending(); }
   bool ready() const noexcept { return state_ == State::ready; }
@@ -163,6 +183,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     connect_timer_.cancel();
     reconnect_timer_.cancel();
     sweep_timer_.cancel();
+    sentinel_timer_.cancel();
     close_socket();
     mux_.fail_all(make_error_code(errc::shutdown), fmt::format("client closed; call to {} abandoned", where_));
   }
@@ -174,6 +195,133 @@ class Connection : public std::enable_shared_from_this<Connection> {
     state_ = State::connecting;
     ++generation_;
     const auto gen = generation_;
+    // Sentinel: the primary is asked for on every (re)connect, so a failover
+    // (or the error that made us reconnect) moves us to the new primary.
+    if (!sentinels_.empty()) {
+      auto self = shared_from_this();
+      return ask_sentinel(0, {}, [self, gen](const std::optional<SentinelOptions::Address>& a, const std::string& why) {
+        if (gen != self->generation_ || self->state_ != State::connecting) return;
+        if (!a) return self->on_broken(make_error_code(errc::not_connected), why);
+        self->connect_host(a->host, a->port, gen);
+      });
+    }
+    connect_host(opts_.host, opts_.port, gen);
+  }
+
+  // While ready behind Sentinel: ask every sentinel_check whether the
+  // primary moved. A forced or automatic failover leaves the old primary
+  // accepting writes until the sentinels demote it (seconds later), so the
+  // connection cannot wait for the server to close it.
+  void arm_sentinel_check() {
+    if (sentinels_.empty() || opts_.sentinel.check_interval.count() <= 0) return;
+    const auto gen = generation_;
+    sentinel_timer_.expires_after(opts_.sentinel.check_interval);
+    sentinel_timer_.async_wait([self = shared_from_this(), gen](boost::system::error_code ec) {
+      if (ec || gen != self->generation_ || self->state_ != State::ready) return;
+      self->ask_sentinel(0, {}, [self, gen](const std::optional<SentinelOptions::Address>& a, const std::string&) {
+        if (gen != self->generation_ || self->state_ != State::ready) return;
+        // No answer says nothing about the primary: keep it, ask again later.
+        if (a && (a->host != self->target_host_ || a->port != self->target_port_)) {
+          const std::string why = fmt::format("the sentinels name {}:{} as the primary of '{}' now, not {}; "
+                                              "reconnecting there",
+                                              a->host, a->port, self->opts_.sentinel.master_name, self->where_);
+          self->warn(why);
+          return self->on_broken(make_error_code(errc::connection_lost), why);
+        }
+        self->arm_sentinel_check();
+      });
+    });
+  }
+
+  // Asks sentinels_[i] (then the next) for the primary; the answering one
+  // is asked first next time, and the sentinels it knows of are added.
+  using Found = std::function<void(const std::optional<SentinelOptions::Address>&, const std::string& why)>;
+  void ask_sentinel(std::size_t i, std::string errors, Found found_cb) {
+    if (state_ == State::closed) return;
+    const std::string& name = opts_.sentinel.master_name;
+    if (i >= sentinels_.size())
+      return found_cb(std::nullopt, fmt::format("no sentinel named the primary of '{}' ({})", name, errors));
+    const SentinelOptions::Address addr = sentinels_[i];
+    ConnectionOptions so;
+    so.host = addr.host;
+    so.port = addr.port;
+    so.password = opts_.sentinel.password;
+    so.connect_timeout = opts_.connect_timeout;
+    so.command_timeout = opts_.connect_timeout;
+    so.keepalive = false;
+    so.recycle_after_timeouts = 0;
+    so.on_warning = opts_.on_warning;
+    auto probe = std::make_shared<Connection>(ctx_, so, nullptr, std::make_shared<SharedStats>());
+    probe->set_probe();
+    probe->start();
+    auto self = shared_from_this();
+    auto found = std::make_shared<std::optional<SentinelOptions::Address>>();
+    auto drop = [this, probe] { asio::post(ctx_, [probe] { probe->close(); }); };
+    const auto deadline = Clock::now() + opts_.connect_timeout;
+    Multiplexer::Request master;
+    master.payload = Command{"SENTINEL", "get-master-addr-by-name", name}.payload();
+    master.deadline = deadline;
+    master.done = [self, i, addr, errors, found, drop, name, found_cb](std::error_code ec, Reply r) {
+      if (!ec && r.is_array() && r.elements.size() == 2 && r.elements[1].is_string()) {
+        unsigned port = 0;
+        const auto& ps = r.elements[1].str;
+        const auto [end, perr] = std::from_chars(ps.data(), ps.data() + ps.size(), port);
+        if (perr == std::errc() && end == ps.data() + ps.size() && port > 0 && port < 65536) {
+          *found = SentinelOptions::Address{r.elements[0].str, static_cast<std::uint16_t>(port)};
+          return;  // connected when the list of sentinels is in
+        }
+      }
+      drop();
+      const std::string why = ec ? r.str
+                              : (r.is_nil() || (r.is_array() && r.elements.empty()))
+                                  ? fmt::format("does not monitor a master named '{}'", name)
+                                  : "unexpected reply " + to_debug_string(r);
+      self->ask_sentinel(i + 1,
+                         errors + (errors.empty() ? "" : "; ") + fmt::format("{}:{}: {}", addr.host, addr.port, why),
+                         found_cb);
+    };
+    Multiplexer::Request others;
+    others.payload = Command{"SENTINEL", "sentinels", name}.payload();
+    others.deadline = deadline;
+    others.done = [self, i, found, drop, found_cb](std::error_code ec, Reply r) {
+      if (!found->has_value()) return;  // the first question failed; the next sentinel is being asked
+      drop();
+      if (!ec && r.is_array()) self->learn_sentinels(r);
+      if (i != 0 && i < self->sentinels_.size()) std::swap(self->sentinels_[0], self->sentinels_[i]);
+      found_cb(*found, {});
+    };
+    probe->submit(std::move(master));
+    probe->submit(std::move(others));
+  }
+
+  // `SENTINEL sentinels NAME`: one flat field/value array per other sentinel.
+  void learn_sentinels(const Reply& r) {
+    for (const auto& e : r.elements) {
+      if (!e.is_array()) continue;
+      std::string ip;
+      unsigned port = 0;
+      for (std::size_t k = 0; k + 1 < e.elements.size(); k += 2) {
+        const auto& f = e.elements[k].str;
+        const auto& v = e.elements[k + 1].str;
+        if (f == "ip") ip = v;
+        else if (f == "port") std::from_chars(v.data(), v.data() + v.size(), port);
+      }
+      if (ip.empty() || port == 0 || port > 65535) continue;
+      SentinelOptions::Address a{ip, static_cast<std::uint16_t>(port)};
+      // A bounded list: a misbehaving sentinel cannot make us keep thousands.
+      if (std::find(sentinels_.begin(), sentinels_.end(), a) == sentinels_.end() && sentinels_.size() < 64)
+        sentinels_.push_back(std::move(a));
+    }
+  }
+
+  void connect_host(const std::string& host, std::uint16_t port, std::uint64_t gen) {
+    target_host_ = host;
+    target_port_ = port;
+    where_ = fmt::format("{}:{}", host, port);
+    {
+      std::lock_guard g(down_mu_);
+      address_ = where_;
+    }
     auto self = shared_from_this();
     connect_timer_.expires_after(opts_.connect_timeout);
     connect_timer_.async_wait([self, gen](boost::system::error_code ec) {
@@ -182,12 +330,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       fmt::format("connect to {} timed out after {} ms", self->where_,
                                   self->opts_.connect_timeout.count()));
     });
-    resolver_.async_resolve(opts_.host, std::to_string(opts_.port),
+    resolver_.async_resolve(target_host_, std::to_string(target_port_),
                             [self, gen](boost::system::error_code ec, tcp::resolver::results_type results) {
                               if (gen != self->generation_ || self->state_ != State::connecting) return;
                               if (ec) {
                                 self->on_broken(make_error_code(errc::not_connected),
-                                                fmt::format("cannot resolve {}: {}", self->opts_.host, ec.message()));
+                                                fmt::format("cannot resolve {}: {}", self->target_host_, ec.message()));
                                 return;
                               }
                               self->connect_to(results, gen);
@@ -198,7 +346,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto self = shared_from_this();
     if (opts_.tls.enabled) {
       tls_ = std::make_shared<asio::ssl::stream<tcp::socket>>(ctx_, *ssl_);
-      const std::string& sni = opts_.tls.server_name.empty() ? opts_.host : opts_.tls.server_name;
+      const std::string& sni = opts_.tls.server_name.empty() ? target_host_ : opts_.tls.server_name;
       // SSL_set_tlsext_host_name is a macro with a C cast; call what it expands to.
       SSL_ctrl(tls_->native_handle(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
                const_cast<char*>(sni.c_str()));
@@ -279,6 +427,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (opts_.db != 0) hs.push_back(Command{"SELECT", std::to_string(opts_.db)});
     if (!opts_.client_name.empty()) hs.push_back(Command{"CLIENT", "SETNAME", opts_.client_name});
+    // A sentinel's answer may be stale (a failover in progress, an old
+    // primary back as a replica): nothing is written before the server
+    // itself says it is the primary.
+    if (!sentinels_.empty()) hs.push_back(Command{"ROLE"});
     if (hs.empty()) return on_ready();
     handshake_left_ = hs.size();
     for (auto& c : hs) {
@@ -304,6 +456,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
           return;
         }
         if (ec) return;  // the connection broke; on_broken already ran
+        if (name == "ROLE") {
+          const bool primary = reply.is_array() && !reply.elements.empty() && reply.elements[0].str == "master";
+          if (!primary) {
+            const std::string role =
+                reply.is_array() && !reply.elements.empty() ? reply.elements[0].str : to_debug_string(reply);
+            const std::string msg = fmt::format("{} is a {} (ROLE), not the primary of '{}': not used; asking the "
+                                                "sentinels again",
+                                                self->where_, role, self->opts_.sentinel.master_name);
+            self->last_error_code_ = make_error_code(errc::not_connected);
+            self->last_error_ = msg;
+            self->on_broken(make_error_code(errc::not_connected), msg);
+            return;
+          }
+        }
         if (--self->handshake_left_ == 0) self->on_ready();
       };
       mux_.enqueue_front(std::move(r));
@@ -322,6 +488,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     last_error_code_ = {};
     last_error_.clear();
     down_.store(false, std::memory_order_release);
+    arm_sentinel_check();
     schedule_write();
     if (on_ready_) on_ready_();
   }
@@ -369,6 +536,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       mux_.fail_queued(last_error_code_, last_error_);
     }
     if (on_fatal_ && next_step_for(ec) == next_step::stop) on_fatal_(ec, why);
+    if (probe_) {
+      // One answer or none: the caller asks the next sentinel.
+      mux_.fail_queued(make_error_code(errc::not_connected), why);
+      return;
+    }
     schedule_reconnect();
   }
 
@@ -521,11 +693,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // aborted, so a stream dropped by close_socket() must live until then.
   std::shared_ptr<tcp::socket> plain_;
   std::shared_ptr<asio::ssl::stream<tcp::socket>> tls_;
-  asio::steady_timer connect_timer_, reconnect_timer_, sweep_timer_;
+  asio::steady_timer connect_timer_, reconnect_timer_, sweep_timer_, sentinel_timer_;
   Multiplexer mux_;
   std::array<char, 64 * 1024> rbuf_{};
   std::mt19937_64 rng_;
   std::string where_;
+  std::vector<SentinelOptions::Address> sentinels_;  // empty: not behind Sentinel
+  std::string target_host_;                          // what connect_host() dials
+  std::uint16_t target_port_ = 0;
+  bool probe_ = false;
   std::chrono::milliseconds sweep_tick_;
   State state_ = State::disconnected;
   std::uint64_t generation_ = 0;  // bumps on every (re)connect: stale handlers ignore themselves
@@ -544,6 +720,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> down_{false};
   mutable std::mutex down_mu_;
   std::string down_why_;
+  std::string address_;  // address(); guarded by down_mu_
 };
 
 

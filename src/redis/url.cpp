@@ -61,8 +61,10 @@ ConnectionOptions parse_url(std::string_view url) {
   if (scheme_end == std::string_view::npos)
     throw Error(errc::invalid_url, "missing scheme in the Redis URL (expected redis:// or rediss://)");
   const std::string_view scheme = rest.substr(0, scheme_end);
+  const bool sentinel = scheme == "redis+sentinel";
   if (scheme == "rediss") o.tls.enabled = true;
-  else if (scheme != "redis") bad(url, fmt::format("unsupported scheme \"{}\" (expected redis or rediss)", escape_text(scheme, 32)));
+  else if (scheme != "redis" && !sentinel)
+    bad(url, fmt::format("unsupported scheme \"{}\" (expected redis, rediss or redis+sentinel)", escape_text(scheme, 32)));
   rest.remove_prefix(scheme_end + 3);
 
   // userinfo first, and up to the last '@': a password may hold a raw '/',
@@ -92,8 +94,44 @@ ConnectionOptions parse_url(std::string_view url) {
     path = rest.substr(slash + 1);
     rest = rest.substr(0, slash);
   }
+  if (sentinel) {
+    // host[:port][,host[:port]...]/master-name[/db]
+    if (rest.empty()) bad(url, "missing sentinel host (redis+sentinel://host:26379,host:26380/master-name)");
+    std::string_view list = rest;
+    for (;;) {
+      const auto comma = list.find(',');
+      const std::string_view one = list.substr(0, comma);
+      if (one.empty()) bad(url, "empty entry in the sentinel list");
+      ConnectionOptions single;
+      try {
+        single = parse_url(fmt::format("redis://{}", one));
+      } catch (const Error& e) {
+        // Name the entry; the full URL is quoted once, by bad().
+        std::string_view why = e.detail();
+        if (const auto in = why.rfind(" in \""); in != std::string_view::npos) why = why.substr(0, in);
+        bad(url, fmt::format("sentinel \"{}\": {}", escape_text(one, 64), why));
+      }
+      if (one.find(':') == std::string_view::npos || (one.front() == '[' && one.back() == ']')) single.port = 26379;
+      o.sentinel.sentinels.push_back({single.host, single.port});
+      if (comma == std::string_view::npos) break;
+      list = list.substr(comma + 1);
+    }
+    const auto slash = path.find('/');
+    const std::string_view name = path.substr(0, slash);
+    if (name.empty()) bad(url, "missing master name after the sentinel list (redis+sentinel://host:26379/master-name)");
+    for (char c : name)
+      if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+        bad(url, fmt::format("invalid character in master name \"{}\"", escape_text(name, 64)));
+    o.sentinel.master_name = percent_decode(name, url, "master name");
+    path = slash == std::string_view::npos ? std::string_view{} : path.substr(slash + 1);
+    o.host = o.sentinel.sentinels.front().host;
+    o.port = o.sentinel.sentinels.front().port;
+    rest = {};
+  }
   std::string_view host = rest, port;
-  if (!rest.empty() && rest.front() == '[') {
+  if (sentinel) {
+    // parsed above
+  } else if (!rest.empty() && rest.front() == '[') {
     auto close = rest.find(']');
     if (close == std::string_view::npos) bad(url, "unterminated IPv6 host '['");
     host = rest.substr(1, close - 1);
@@ -108,14 +146,14 @@ ConnectionOptions parse_url(std::string_view url) {
     port = rest.substr(colon + 1);
     if (port.empty()) bad(url, "empty port after ':'");
   }
-  if (host.empty()) bad(url, "missing host");
-  if (rest.front() != '[' && host.find(':') != std::string_view::npos)
+  if (!sentinel && host.empty()) bad(url, "missing host");
+  if (!sentinel && rest.front() != '[' && host.find(':') != std::string_view::npos)
     bad(url, fmt::format("invalid host \"{}\" (an IPv6 address goes in brackets: [::1]:6379)", escape_text(host, 64)));
   for (char c : host)
     if (c == ' ' || c == '/' || c == '?' || c == '#' || c == '@' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
       bad(url, fmt::format("invalid character '{}' in host \"{}\"", escape_text(std::string_view(&c, 1)),
                            escape_text(host, 64)));
-  o.host = std::string(host);
+  if (!sentinel) o.host = std::string(host);
   if (!port.empty()) o.port = parse_int<std::uint16_t>(port, url, "port", 1, 65535);
   if (!path.empty()) o.db = parse_int<int>(path, url, "database", 0, 1 << 20);
 
@@ -153,6 +191,12 @@ ConnectionOptions parse_url(std::string_view url) {
     else if (key == "key") o.tls.key_file = val;
     else if (key == "name") o.client_name = val;
     else if (key == "max_ttl") o.lock_max_ttl = dur("max_ttl");
+    else if (key == "replicas") o.lock_replicas = parse_int<int>(val, url, "replicas", 0, 64);
+    else if (key == "replicas_timeout") o.lock_replicas_timeout = dur("replicas_timeout");
+    else if (key == "waitaof") o.lock_waitaof = parse_bool(val, url, key);
+    else if (key == "sentinel_password" && sentinel) o.sentinel.password = val;
+    else if (key == "sentinel_check" && sentinel) o.sentinel.check_interval = dur("sentinel_check");
+    else if (key == "cluster") o.cluster = parse_bool(val, url, key);
     else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
     else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
   }
@@ -179,6 +223,14 @@ std::string to_display_url(const ConnectionOptions& o) {
   std::string auth;
   if (!o.user.empty()) auth = escape_text(o.user, 64) + (o.password.empty() ? "" : ":***") + "@";
   else if (!o.password.empty()) auth = "***@";
+  if (!o.sentinel.sentinels.empty()) {
+    std::string list;
+    for (const auto& a : o.sentinel.sentinels) {
+      const bool v6 = a.host.find(':') != std::string::npos;
+      list += fmt::format("{}{}{}{}:{}", list.empty() ? "" : ",", v6 ? "[" : "", a.host, v6 ? "]" : "", a.port);
+    }
+    return fmt::format("redis+sentinel://{}{}/{}/{}", auth, list, escape_text(o.sentinel.master_name, 64), o.db);
+  }
   const bool v6 = o.host.find(':') != std::string::npos;
   return fmt::format("{}://{}{}{}{}:{}/{}", o.tls.enabled ? "rediss" : "redis", auth, v6 ? "[" : "", o.host,
                      v6 ? "]" : "", o.port, o.db);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <condition_variable>
 #include <filesystem>
@@ -101,13 +102,23 @@ std::string EmbeddedRedis::url() const {
 }
 
 void EmbeddedRedis::spawn() {
-  std::vector<std::string> args = {opts_.server_binary,
-                                   "--bind", host_,
+  std::vector<std::string> args = {opts_.server_binary};
+  if (!opts_.config_text.empty()) {
+    const std::string conf = dir_ + "/redis.conf";
+    // Rewritten on every start: a sentinel rewrites its file as it learns,
+    // and a restart starts over from what the owner asked for.
+    std::FILE* f = std::fopen(conf.c_str(), "w");
+    if (f == nullptr) throw Error(errc::invalid_argument, fmt::format("cannot write {}: {}", conf, std::strerror(errno)));
+    std::fwrite(opts_.config_text.data(), 1, opts_.config_text.size(), f);
+    std::fclose(f);
+    args.push_back(conf);
+  }
+  args.insert(args.end(), {"--bind", host_,
                                    "--port", std::to_string(port_),
                                    "--dir", dir_,
                                    "--logfile", dir_ + "/redis.log",
                                    "--protected-mode", "no",
-                                   "--daemonize", "no"};
+                                   "--daemonize", "no"});
   if (!opts_.persistence) args.insert(args.end(), {"--save", "", "--appendonly", "no"});
   if (!opts_.tls_cert_file.empty()) {
     args.insert(args.end(), {"--tls-port", std::to_string(tls_port_), "--tls-cert-file", opts_.tls_cert_file,

@@ -30,6 +30,8 @@
 #include <string>
 #include <string_view>
 
+#include "jobguard/lock.hpp"
+
 namespace jobguard::job {
 
 enum class Consequence { low, moderate, high };
@@ -78,6 +80,15 @@ struct LockClass {
   // A side effect (or a chunk) starts only with at least this much safe lock
   // time left (JobContext::ensure). Default 0 = ttl / 5.
   std::chrono::milliseconds min_time_left{0};
+  // Replica-confirmed grants (docs/lock-safety.md): each grant and renewal
+  // is confirmed by this many replicas (WAIT) before the job is told it holds
+  // the lock. -1 = the connection's `replicas` URL option (default 0 = off).
+  int replicas = -1;
+  // Too few acknowledgements: fail_closed releases the grant and the claim
+  // fails (errc::server_busy, so the job is retried later like Redis being
+  // unavailable; on_redis_down decides whether it runs unguarded); warn keeps it
+  // with a logged warning.
+  Unconfirmed on_unconfirmed = Unconfirmed::fail_closed;
   // Documentation, required for the catalog: who owns the lock and what a
   // double run would damage.
   std::string owner{};

@@ -60,6 +60,34 @@ struct CallOptions {
   bool fail_if_down = false;
 };
 
+// Replica confirmation of a write: `WAIT replicas timeout` (or `WAITAOF 1
+// replicas timeout`) pipelined right after it on the same connection, so it
+// covers that write (and whatever the connection wrote before it). What it
+// does and does not guarantee: docs/lock-safety.md, "Replica-confirmed grants".
+struct Confirm {
+  int replicas = 0;                        // acknowledgements wanted; 0 = none asked
+  std::chrono::milliseconds timeout{500};  // how long the server waits for them
+  bool waitaof = false;                    // WAITAOF (Redis 7.2+): fsynced, locally and on the replicas
+};
+
+// What the confirmation found.
+struct Confirmation {
+  int replicas = -1;   // replicas that acknowledged; -1 when the confirmation itself failed
+  int local = -1;      // WAITAOF: 1 when the primary fsynced it; -1 for WAIT
+  std::string error;   // why it failed (the server's reply, a timeout), else empty
+  bool met(const Confirm& c) const noexcept {
+    return c.replicas <= 0 || (replicas >= c.replicas && (!c.waitaof || local >= 1));
+  }
+};
+// "WAIT 1 500" / "WAITAOF 1 1 500", for messages.
+std::string describe(const Confirm& c);
+// One line: "0 of 1 replicas acknowledged within 500 ms (WAIT 1 500)".
+std::string describe(const Confirmation& got, const Confirm& wanted);
+
+// `ec` and `reply` are the write's, as for Completion; `conf` is meaningful
+// only when the write succeeded.
+using ConfirmedCompletion = std::function<void(std::error_code ec, Reply reply, Confirmation conf)>;
+
 struct ClientStats {
   std::uint64_t commands = 0;      // completed, successfully or not
   std::uint64_t writes = 0;        // socket writes: commands / writes = pipelining
@@ -97,6 +125,18 @@ class Client {
   // release and extend): encoded straight into the request, no vectors.
   void async_eval_views(const Script& script, std::initializer_list<std::string_view> keys,
                         std::initializer_list<std::string_view> args, Completion done, CallOptions opts = {});
+
+  // The same, each followed on the same connection by the confirmation
+  // (Confirm): `done` runs once both replies are in, or at once when the
+  // write failed. The confirmation's deadline is the call's plus
+  // confirm.timeout. A NOSCRIPT fallback to EVAL sends the confirmation again
+  // after the EVAL. With confirm.replicas == 0 nothing extra is sent.
+  void async_exec_confirmed(Command cmd, Confirm confirm, ConfirmedCompletion done, CallOptions opts = {});
+  void async_eval_confirmed(const Script& script, std::vector<std::string> keys, std::vector<std::string> args,
+                            Confirm confirm, ConfirmedCompletion done, CallOptions opts = {});
+  void async_eval_views_confirmed(const Script& script, std::initializer_list<std::string_view> keys,
+                                  std::initializer_list<std::string_view> args, Confirm confirm,
+                                  ConfirmedCompletion done, CallOptions opts = {});
 
   // Asio completion-token form: `co_await async_exec(client, cmd, use_awaitable)`
   // returns the Reply or throws jobguard::Error.

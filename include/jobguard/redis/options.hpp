@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace jobguard::redis {
 
@@ -20,6 +21,29 @@ struct TlsOptions {
   std::string key_file{};
 };
 
+// A primary found through Redis Sentinel (`redis+sentinel://` URLs). Empty
+// `sentinels` = connect to host:port directly.
+struct SentinelOptions {
+  struct Address {
+    std::string host;
+    std::uint16_t port = 26379;
+    bool operator==(const Address&) const = default;
+  };
+  // Where to ask first; the sentinels these know of (`SENTINEL sentinels`)
+  // are asked too when these do not answer.
+  std::vector<Address> sentinels{};
+  std::string master_name{};
+  // AUTH for the sentinels themselves (URL option `sentinel_password`);
+  // user/password above are the data nodes'.
+  std::string password{};
+  // How often a ready connection asks a sentinel whether the primary moved
+  // (URL option `sentinel_check`). A failover does not close the old
+  // primary's connections until the sentinels demote it, seconds later;
+  // until this check notices, calls still go to it. Default 1 s; 0 = only
+  // after an error (not recommended).
+  std::chrono::milliseconds check_interval{1000};
+};
+
 struct ConnectionOptions {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6379;
@@ -27,12 +51,38 @@ struct ConnectionOptions {
   std::string password{};     // empty = no AUTH
   int db = 0;                 // SELECT db after connecting when non-zero
   TlsOptions tls{};
+  // With sentinels set, every (re)connect asks a sentinel for the primary
+  // of `master_name` (`SENTINEL get-master-addr-by-name`) instead of using
+  // host:port, and checks `ROLE` on the connection before any call is sent:
+  // a server that is not (or no longer) a primary is left and the sentinels
+  // asked again (docs/redis-client.md, "Sentinel").
+  SentinelOptions sentinel{};
+  // Redis Cluster (URL option `cluster=yes`): host:port is a seed; the slot
+  // map comes from CLUSTER SLOTS, each command goes to its key's primary,
+  // MOVED/ASK are followed and TRYAGAIN/CLUSTERDOWN retried within the
+  // call's deadline (docs/redis-client.md, "Cluster").
+  bool cluster = false;
   std::string client_name{};  // CLIENT SETNAME, so `CLIENT LIST` shows who we are
   // The longest lock TTL any client of this server uses (URL option `max_ttl`).
   // A LockService on this connection refuses longer TTLs, and after finding
   // that the server lost lock state refuses grants for this long
   // (docs/lock-safety.md, "Quarantine after lost lock state"). Default 60 s.
   std::chrono::milliseconds lock_max_ttl{60000};
+  // Replica-confirmed grants (URL options `replicas`, `replicas_timeout`,
+  // `waitaof`; docs/lock-safety.md, "Replica-confirmed grants"). A lock's
+  // grant, renewal and fence advance is followed, on the same connection, by
+  // `WAIT lock_replicas lock_replicas_timeout`, and the holder is told it
+  // holds the lock only when that many replicas acknowledged it. Default 0 =
+  // off; LockOptions::replicas overrides it per lock. WAIT blocks the
+  // connection it runs on for up to the timeout when a replica lags, so
+  // every caller multiplexed on it waits too: keep the timeout short.
+  int lock_replicas = 0;
+  std::chrono::milliseconds lock_replicas_timeout{500};
+  // Use `WAITAOF 1 N timeout` instead of WAIT where the server has it
+  // (Redis 7.2+, detected by the lock-state check) and runs with
+  // appendonly yes: the grant is then on disk on the primary and on N
+  // replicas, not only in their memory. Default on; `waitaof=no` keeps WAIT.
+  bool lock_waitaof = true;
 
   // Number of multiplexed connections shared by every caller. Default 1; the
   // event loop is the bottleneck long before one socket is (docs/bench.md:
@@ -104,12 +154,18 @@ struct ConnectionOptions {
 // Parses `redis://[user[:password]@]host[:port][/db][?opt=val&...]` and
 // `rediss://...` (TLS). Query options: `timeout`, `connect_timeout` (durations),
 // `connections`, `ca` (CA file), `sni`, `verify` (yes/no), `cert`, `key`,
-// `name`, `max_ttl` (a duration, lock_max_ttl). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
+// `name`, `max_ttl` (a duration, lock_max_ttl), `replicas` (0..64),
+// `replicas_timeout` (a duration), `waitaof` (yes/no), `cluster` (yes/no). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
 // password may hold raw '/', '?', ':' or '@' (an '@' in a query value must be
 // written %40). Throws Error(errc::invalid_url) naming the bad part, e.g.
 // `invalid URL: port 99999 out of range (1..65535) in "redis://h:99999"`; the
 // URL in the message has its password masked (redact_url) and no password
 // fragment is ever quoted.
+//
+// `redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master-name[/db][?...]`
+// names sentinels (port 26379 by default) and the master they monitor;
+// `sentinel_password` is the sentinels' own password, `sentinel_check` (a
+// duration) how often a ready connection asks whether the primary moved.
 ConnectionOptions parse_url(std::string_view url);
 
 // `url` with `password` put into it (percent-encoded), for a password that

@@ -32,6 +32,11 @@ struct EmbeddedRedisOptions {
   std::chrono::milliseconds start_timeout{10000};
   // Use this port instead of picking a free one (0 = pick).
   std::uint16_t port = 0;
+  // When set, written to <dir>/redis.conf and passed as the first argument
+  // (before the command-line options, which override it). redis-sentinel
+  // needs a config file it can rewrite: `sentinel monitor ...` here and
+  // "--sentinel" in extra_args.
+  std::string config_text{};
 };
 
 class EmbeddedRedis {

@@ -5,16 +5,21 @@
 -- "Quarantine after lost lock state"). Every client of the server sees it.
 -- KEYS: 1 the record. ARGV: 1 max TTL ms, 2 'check' | 'trust' (a server the
 -- caller has just started empty: record it as intact).
--- Returns {epoch id, quarantine ms left, evicted_keys, evicting 0|1, reason, role}.
+-- Returns {epoch id, quarantine ms left, evicted_keys, evicting 0|1, reason, role,
+--          redis_version, aof_enabled 0|1} (the last two pick WAIT or WAITAOF
+--          for replica-confirmed grants).
 local function field(text, name) return string.match(text, name .. ':([^\r\n]*)') end
-local run_id = field(redis.call('INFO', 'server'), 'run_id') or '?'
+local server = redis.call('INFO', 'server')
+local run_id = field(server, 'run_id') or '?'
+local version = field(server, 'redis_version') or '?'
+local aof = tonumber(field(redis.call('INFO', 'persistence'), 'aof_enabled')) or 0
 local repl = redis.call('INFO', 'replication')
 local role = field(repl, 'role') or '?'
 local evicted = tonumber(field(redis.call('INFO', 'stats'), 'evicted_keys')) or 0
 local mem = redis.call('INFO', 'memory')
 local policy = field(mem, 'maxmemory_policy') or 'noeviction'
 local evicting = (tonumber(field(mem, 'maxmemory')) or 0) > 0 and policy ~= 'noeviction'
-if role ~= 'master' then return {'', 0, evicted, evicting and 1 or 0, 'the server is a replica', role} end
+if role ~= 'master' then return {'', 0, evicted, evicting and 1 or 0, 'the server is a replica', role, version, aof} end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -28,7 +33,7 @@ if ARGV[2] == 'trust' then
                'id', run_id:sub(1, 8) .. '.' .. t[1] .. '.' .. t[2], 'reason', 'trusted as new')
   end
   rec = redis.call('HMGET', KEYS[1], 'run_id', 'evicted', 'until', 'id', 'reason')
-  return {rec[4], 0, evicted, evicting and 1 or 0, '', role}
+  return {rec[4], 0, evicted, evicting and 1 or 0, '', role, version, aof}
 end
 if not rec[1] then
   reason = 'no lock-state record: restarted without persistence, flushed, record evicted, or new to jobguard'
@@ -49,4 +54,4 @@ if reason ~= '' then
 elseif until_ms > now then
   reason = rec[5] or 'lock state lost'
 end
-return {id, math.max(0, until_ms - now), evicted, evicting and 1 or 0, reason, role}
+return {id, math.max(0, until_ms - now), evicted, evicting and 1 or 0, reason, role, version, aof}

@@ -1,5 +1,6 @@
 // `jobguard doctor`'s checks, each against a real redis-server configured the
 // bad way (and a healthy one), and the PostgreSQL checks against a real server.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include "jobguard/observe/doctor.hpp"
 #include "support/postgres_fixture.hpp"
 #include "support/redis_fixture.hpp"
+#include "support/cluster_redis.hpp"
+#include "support/sentinel_redis.hpp"
 
 namespace jobguard::observe {
 namespace {
@@ -57,8 +60,9 @@ TEST(Doctor, AHealthyServerPassesEveryConfigurationCheck) {
   auto s = start({"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, true);
   const auto rs = doctor(*s, options_for(*s));
   for (const char* name : {"connection", "role", "replicas", "eviction", "evicted_keys", "persistence", "lua", "acl",
-                           "clock", "cluster", "shared_workload"})
+                           "clock", "cluster", "shared_workload", "replica_confirmation"})
     EXPECT_EQ(find(rs, name).status, CheckStatus::ok) << name << "\n" << dump(rs);
+  EXPECT_THROW(find(rs, "sentinel"), std::runtime_error) << "no sentinel check without Sentinel";
   // Latency depends on this shared machine's load; it must at least be measured.
   EXPECT_NE(find(rs, "latency").detail.find("PING median"), std::string::npos);
   // The probe cleaned up after itself.
@@ -122,6 +126,46 @@ TEST(Doctor, AReplicaFailsTheRoleCheckAndThePrimaryListsIt) {
   ASSERT_TRUE(c.wait_connected(2s));
   EXPECT_TRUE(test::eventually([&] { return find(check_redis(c), "replicas").status == CheckStatus::warn; }, 15s));
   replica->resume();
+}
+
+// Behind Sentinel: every sentinel asked, the primary they name compared with
+// the client's, the quorum checked; replicas= compared with the replicas
+// connected.
+TEST(Doctor, UnderstandsASentinelDeploymentAndReplicaConfirmation) {
+  test::SentinelRedis dep;
+  dep.start();
+  auto o = redis::parse_url(dep.url("replicas=2"));
+  o.command_timeout = 3s;
+  o.connect_timeout = 2s;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  auto rs = check_redis(c);
+  const auto& s = find(rs, "sentinel");
+  EXPECT_EQ(s.status, CheckStatus::ok) << dump(rs);
+  EXPECT_NE(s.detail.find("master 'mymaster': 3 of 3 sentinels answer, all name it"), std::string::npos) << s.detail;
+  EXPECT_NE(s.detail.find(fmt::format("the client uses 127.0.0.1:{}", dep.primary_port())), std::string::npos)
+      << s.detail;
+  EXPECT_NE(s.detail.find("2 replica(s) known; quorum: OK"), std::string::npos) << s.detail;
+  const auto& rc = find(rs, "replica_confirmation");
+  EXPECT_EQ(rc.status, CheckStatus::ok) << dump(rs);
+  EXPECT_NE(rc.detail.find("replicas=2 with 2 connected replica(s); confirmed with WAIT"), std::string::npos)
+      << rc.detail;
+
+  // One sentinel down: WARN, naming it.
+  const auto gone = dep.sentinel(2).port();
+  dep.sentinel(2).kill();
+  rs = check_redis(c);
+  EXPECT_EQ(find(rs, "sentinel").status, CheckStatus::warn) << dump(rs);
+  EXPECT_NE(find(rs, "sentinel").detail.find(fmt::format("unreachable: 127.0.0.1:{}", gone)), std::string::npos)
+      << dump(rs);
+
+  // More replicas asked for than connected: every grant would be refused.
+  auto o3 = o;
+  o3.lock_replicas = 3;
+  redis::Client c3(o3);
+  ASSERT_TRUE(c3.wait_connected(5s));
+  rs = check_redis(c3);
+  EXPECT_EQ(find(rs, "replica_confirmation").status, CheckStatus::fail) << dump(rs);
 }
 
 TEST(Doctor, LuaAndPermissionsRefusedByAclFail) {
@@ -204,11 +248,32 @@ TEST(Doctor, AClockOffsetWarnsThenFails) {
   EXPECT_EQ(check_clock(c, skewed(-60s)).status, CheckStatus::fail);
 }
 
-TEST(Doctor, ClusterModeFails) {
+TEST(Doctor, ClusterModeWithoutClusterYesFails) {
   const auto bus = pick_free_port();
   auto s = start({"--cluster-enabled", "yes", "--cluster-port", std::to_string(bus)});
   const auto rs = doctor(*s, options_for(*s));
   EXPECT_EQ(find(rs, "cluster").status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(find(rs, "cluster").advice.find("cluster=yes"), std::string::npos) << dump(rs);
+  // With cluster=yes, a node of a cluster that serves no slots (never
+  // created) is a cluster that cannot serve: FAIL, with its state.
+  auto o = options_for(*s);
+  o.cluster = true;
+  const auto rc = doctor(*s, o);
+  EXPECT_EQ(find(rc, "cluster").status, CheckStatus::fail) << dump(rc);
+  EXPECT_NE(find(rc, "cluster").detail.find("state fail"), std::string::npos) << dump(rc);
+}
+
+TEST(Doctor, AHealthyClusterWithClusterYesPasses) {
+  test::ClusterRedis cluster(3, 0);
+  cluster.start();
+  auto o = redis::parse_url(cluster.url());
+  o.command_timeout = 3s;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  const auto rs = check_redis(c);
+  EXPECT_EQ(find(rs, "cluster").status, CheckStatus::ok) << dump(rs);
+  EXPECT_NE(find(rs, "cluster").detail.find("state ok, 16384 of 16384 slots served, 3 primaries"), std::string::npos)
+      << dump(rs);
 }
 
 TEST(Doctor, AServerFullOfOtherKeysWarnsOfASharedWorkload) {

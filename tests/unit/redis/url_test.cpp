@@ -75,6 +75,34 @@ TEST(ParseUrl, DurationAndCountOptions) {
   EXPECT_EQ(o.db, 4);
 }
 
+TEST(ParseUrl, ReplicaConfirmationOptions) {
+  const auto d = parse_url("redis://h");
+  EXPECT_EQ(d.lock_replicas, 0);
+  EXPECT_EQ(d.lock_replicas_timeout, milliseconds(500));
+  EXPECT_TRUE(d.lock_waitaof);
+  const auto o = parse_url("redis://h?replicas=2&replicas_timeout=150ms&waitaof=no");
+  EXPECT_EQ(o.lock_replicas, 2);
+  EXPECT_EQ(o.lock_replicas_timeout, milliseconds(150));
+  EXPECT_FALSE(o.lock_waitaof);
+}
+
+TEST(ParseUrl, SentinelListMasterNameAndDb) {
+  const auto o = parse_url("redis+sentinel://alice:pw@10.0.0.1:26380,10.0.0.2,[::1]:26390/billing/3?sentinel_password=sp&replicas=1");
+  ASSERT_EQ(o.sentinel.sentinels.size(), 3u);
+  EXPECT_EQ(o.sentinel.sentinels[0], (SentinelOptions::Address{"10.0.0.1", 26380}));
+  EXPECT_EQ(o.sentinel.sentinels[1], (SentinelOptions::Address{"10.0.0.2", 26379}));
+  EXPECT_EQ(o.sentinel.sentinels[2], (SentinelOptions::Address{"::1", 26390}));
+  EXPECT_EQ(o.sentinel.master_name, "billing");
+  EXPECT_EQ(o.sentinel.password, "sp");
+  EXPECT_EQ(o.user, "alice");
+  EXPECT_EQ(o.password, "pw");
+  EXPECT_EQ(o.db, 3);
+  EXPECT_EQ(o.lock_replicas, 1);
+  EXPECT_EQ(to_display_url(o), "redis+sentinel://alice:***@10.0.0.1:26380,10.0.0.2:26379,[::1]:26390/billing/3");
+  EXPECT_TRUE(parse_url("redis://h").sentinel.sentinels.empty());
+  EXPECT_EQ(parse_url("redis+sentinel://s/m").sentinel.sentinels.front().port, 26379);
+}
+
 namespace {
 
 struct Bad {
@@ -132,6 +160,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis://h?timeout=0ms", "timeout must be positive"},
                       Bad{"redis://h?connections=0", "connections 0 out of range"},
                       Bad{"rediss://h?verify=maybe", "verify=\"maybe\""},
+                      Bad{"redis+sentinel://h1,h2", "missing master name"},
+                      Bad{"redis+sentinel://h1:26379,,h2/m", "empty entry in the sentinel list"},
+                      Bad{"redis+sentinel://h1,/m", "empty entry in the sentinel list"},
+                      Bad{"redis+sentinel://h1:99999/m", "sentinel \"h1:99999\": port 99999 out of range"},
+                      Bad{"redis+sentinel:///m", "missing sentinel host"},
+                      Bad{"redis+sentinel://h/m/x", "database is not a number"},
+                      Bad{"redis://h?sentinel_password=x", "unknown option \"sentinel_password\""},
+                      Bad{"redis://h?replicas=65", "replicas 65 out of range (0..64)"},
+                      Bad{"redis://h?replicas=one", "replicas is not a number"},
+                      Bad{"redis://h?replicas_timeout=0ms", "replicas_timeout must be positive"},
+                      Bad{"redis://h?waitaof=sometimes", "waitaof=\"sometimes\""},
                       Bad{"redis://alice:@h", "empty password"},
                       // Found by fuzz/url_fuzzer: with_password() then built "redis://:pw@@h".
                       Bad{"redis://@h", "nothing before '@'"},

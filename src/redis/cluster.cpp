@@ -1,0 +1,126 @@
+#include "redis/cluster.hpp"
+
+#include <charconv>
+
+namespace jobguard::redis::detail {
+
+std::uint16_t crc16(std::string_view data) noexcept {
+  std::uint16_t crc = 0;
+  for (unsigned char c : data) {
+    crc = static_cast<std::uint16_t>(crc ^ (static_cast<std::uint16_t>(c) << 8));
+    for (int i = 0; i < 8; ++i)
+      crc = (crc & 0x8000) ? static_cast<std::uint16_t>((crc << 1) ^ 0x1021) : static_cast<std::uint16_t>(crc << 1);
+  }
+  return crc;
+}
+
+std::uint16_t key_slot(std::string_view key) noexcept {
+  const auto open = key.find('{');
+  if (open != std::string_view::npos) {
+    const auto close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
+  }
+  return static_cast<std::uint16_t>(crc16(key) & (kClusterSlots - 1));
+}
+
+namespace {
+// Reads "<c><number>\r\n" at `at`; false when it is not there.
+bool read_header(std::string_view p, std::size_t& at, char c, long long& n) {
+  if (at >= p.size() || p[at] != c) return false;
+  const auto end = p.find("\r\n", at);
+  if (end == std::string_view::npos) return false;
+  const auto [ptr, ec] = std::from_chars(p.data() + at + 1, p.data() + end, n);
+  if (ec != std::errc() || ptr != p.data() + end) return false;
+  at = end + 2;
+  return true;
+}
+
+bool read_bulk(std::string_view p, std::size_t& at, std::string_view& out) {
+  long long len = 0;
+  if (!read_header(p, at, '$', len) || len < 0 || at + static_cast<std::size_t>(len) + 2 > p.size()) return false;
+  out = p.substr(at, static_cast<std::size_t>(len));
+  at += static_cast<std::size_t>(len) + 2;
+  return true;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'a' && x <= 'z') x = static_cast<char>(x - 32);
+    if (y >= 'a' && y <= 'z') y = static_cast<char>(y - 32);
+    if (x != y) return false;
+  }
+  return true;
+}
+}  // namespace
+
+std::optional<std::string_view> routing_key(std::string_view p) {
+  std::size_t at = 0;
+  long long argc = 0;
+  if (!read_header(p, at, '*', argc) || argc < 1) return std::nullopt;
+  std::string_view name, a1, a2, a3;
+  if (!read_bulk(p, at, name)) return std::nullopt;
+  for (const char* keyless : {"PING", "INFO", "WAIT", "WAITAOF", "CLUSTER", "SCRIPT", "ASKING", "ROLE", "TIME", "DBSIZE",
+                              "SCAN", "RANDOMKEY", "PUBLISH", "SUBSCRIBE", "CLIENT", "CONFIG", "AUTH", "SELECT",
+                              "FLUSHALL", "FLUSHDB", "ACL", "LATENCY", "COMMAND", "HELLO", "READONLY", "READWRITE"})
+    if (iequals(name, keyless)) return std::nullopt;
+  if (argc < 2 || !read_bulk(p, at, a1)) return std::nullopt;
+  if (iequals(name, "EVAL") || iequals(name, "EVALSHA") || iequals(name, "EVAL_RO") || iequals(name, "EVALSHA_RO") ||
+      iequals(name, "FCALL")) {
+    if (argc < 4 || !read_bulk(p, at, a2) || a2 == "0" || !read_bulk(p, at, a3)) return std::nullopt;
+    return a3;
+  }
+  return a1;
+}
+
+std::optional<Redirect> parse_redirect(std::string_view e) {
+  Redirect r;
+  if (e.rfind("MOVED ", 0) == 0) {
+    r.kind = Redirect::Kind::moved;
+    e.remove_prefix(6);
+  } else if (e.rfind("ASK ", 0) == 0) {
+    r.kind = Redirect::Kind::ask;
+    e.remove_prefix(4);
+  } else {
+    return std::nullopt;
+  }
+  const auto sp = e.find(' ');
+  if (sp == std::string_view::npos) return std::nullopt;
+  unsigned slot = 0;
+  auto [p1, ec1] = std::from_chars(e.data(), e.data() + sp, slot);
+  if (ec1 != std::errc() || p1 != e.data() + sp || slot >= kClusterSlots) return std::nullopt;
+  std::string_view addr = e.substr(sp + 1);
+  const auto colon = addr.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  unsigned port = 0;
+  auto [p2, ec2] = std::from_chars(addr.data() + colon + 1, addr.data() + addr.size(), port);
+  if (ec2 != std::errc() || p2 != addr.data() + addr.size() || port == 0 || port > 65535) return std::nullopt;
+  std::string_view host = addr.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  r.slot = static_cast<std::uint16_t>(slot);
+  r.host = std::string(host);
+  r.port = static_cast<std::uint16_t>(port);
+  return r;
+}
+
+std::vector<SlotRange> parse_cluster_slots(const Reply& r, const std::string& seed_host) {
+  std::vector<SlotRange> out;
+  if (!r.is_array()) return out;
+  for (const auto& e : r.elements) {
+    if (!e.is_array() || e.elements.size() < 3 || !e.elements[0].is_integer() || !e.elements[1].is_integer() ||
+        !e.elements[2].is_array() || e.elements[2].elements.size() < 2 || !e.elements[2].elements[1].is_integer())
+      return {};
+    const auto first = e.elements[0].integer, last = e.elements[1].integer, port = e.elements[2].elements[1].integer;
+    if (first < 0 || last < first || last >= kClusterSlots || port <= 0 || port > 65535) return {};
+    SlotRange s;
+    s.first = static_cast<std::uint16_t>(first);
+    s.last = static_cast<std::uint16_t>(last);
+    s.host = e.elements[2].elements[0].str.empty() ? seed_host : e.elements[2].elements[0].str;
+    s.port = static_cast<std::uint16_t>(port);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace jobguard::redis::detail

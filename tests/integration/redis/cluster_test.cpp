@@ -1,0 +1,168 @@
+// The client on a real Redis Cluster (issue #15, first slice): 3 primaries
+// and 3 replicas started by the fixture (ClusterRedis). Commands go to their
+// key's primary from the slot map; MOVED is followed after a CLUSTER FAILOVER
+// and ASK during a slot migration; locks work on every shard.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <set>
+#include <thread>
+
+#include "jobguard/error.hpp"
+#include "jobguard/lock.hpp"
+#include "jobguard/redis/client.hpp"
+#include "redis/cluster.hpp"
+#include "support/cluster_redis.hpp"
+#include "support/redis_fixture.hpp"
+
+using namespace std::chrono_literals;
+using namespace jobguard;
+using jobguard::test::eventually;
+
+namespace {
+
+class ClusterClient : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster = std::make_unique<test::ClusterRedis>();
+    cluster->start();
+  }
+  redis::ConnectionOptions options() {
+    auto o = redis::parse_url(cluster->url());
+    o.command_timeout = 2s;
+    o.connect_timeout = 1s;
+    return o;
+  }
+  std::string get_on_owner(const std::string& key) {
+    return cluster->on(cluster->primary_of(redis::detail::key_slot(key)), "GET " + key);
+  }
+  std::unique_ptr<test::ClusterRedis> cluster;
+};
+
+}  // namespace
+
+TEST_F(ClusterClient, EveryCommandReachesItsKeysPrimary) {
+  redis::Client c(options());
+  ASSERT_TRUE(c.wait_connected(5s));
+  std::set<std::uint16_t> owners;
+  constexpr int kKeys = 200;
+  int ok = 0;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string k = fmt::format("t:k{}", i);
+    if (c.exec(redis::Command{"SET", k, std::to_string(i)}).is_ok() && get_on_owner(k) == std::to_string(i)) ++ok;
+    owners.insert(cluster->primary_of(redis::detail::key_slot(k)));
+  }
+  EXPECT_EQ(ok, kKeys);
+  EXPECT_EQ(owners.size(), 3u) << "the keys did not spread over the three shards";
+}
+
+TEST_F(ClusterClient, LocksOnEveryShardAreExclusiveAndFenced) {
+  redis::Client c(options());
+  ASSERT_TRUE(c.wait_connected(5s));
+  trust_new_server(c);
+  auto svc = LockService::create(c);
+  std::set<std::uint16_t> shards;
+  for (int i = 0; i < 30; ++i) {
+    const std::string r = fmt::format("invoice:{}", i);
+    auto lock = svc->acquire(r, {.ttl = 5s, .fence = true});
+    ASSERT_TRUE(lock) << r;
+    EXPECT_FALSE(svc->acquire(r, {.ttl = 5s})) << "a second grant of " << r;
+    EXPECT_EQ(get_on_owner(lock->key()), lock->token());
+    shards.insert(cluster->primary_of(redis::detail::key_slot(lock->key())));
+    EXPECT_TRUE(lock->release());
+  }
+  EXPECT_EQ(shards.size(), 3u);
+  // Waiters are woken by the release (classic pub/sub reaches every node).
+  auto held = svc->acquire("shared", {.ttl = 5s});
+  ASSERT_TRUE(held);
+  std::optional<Lock> waited;
+  std::thread t([&] { waited = svc->acquire("shared", {.ttl = 5s, .wait = 4s}); });
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  held->release();
+  t.join();
+  ASSERT_TRUE(waited);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST_F(ClusterClient, MovedIsFollowedAfterAClusterFailover) {
+  auto o = options();
+  o.lock_max_ttl = 1s;
+  o.lock_replicas = 1;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  trust_new_server(c);
+  auto svc = LockService::create(c);
+  const std::string k = "t:{failover}";
+  ASSERT_TRUE(c.exec(redis::Command{"SET", k, "before"}).is_ok());
+  const auto slot = redis::detail::key_slot(k);
+  cluster->wait_replicated();
+  const std::uint16_t old = cluster->primary_of(slot);
+  const std::uint16_t replica = cluster->replica_of(old);
+  ASSERT_EQ(cluster->on(replica, "CLUSTER FAILOVER"), "OK");
+  ASSERT_TRUE(eventually([&] { return cluster->on(replica, "ROLE").find("master") != std::string::npos ||
+                                      cluster->on(old, "INFO replication").find("role:slave") != std::string::npos; },
+                         10s));
+  ASSERT_TRUE(eventually([&] { return cluster->primary_of(slot) == replica; }, 10s));
+  // The old primary now replicates the new one: one replica to confirm.
+  ASSERT_TRUE(eventually([&] { return cluster->on(replica, "INFO replication").find("connected_slaves:1") !=
+                                      std::string::npos; }, 10s));
+  // The client still maps the slot to the old primary, which now answers
+  // MOVED. First a confirmed write: it and its WAIT follow the MOVED
+  // together (WAIT must run on the node that wrote it), so one replica acks.
+  std::promise<std::pair<std::error_code, redis::Confirmation>> confirmed;
+  redis::Command first{"SET", k, "confirmed"};
+  c.async_exec_confirmed(std::move(first), {.replicas = 1, .timeout = 1000ms},
+                         [&](std::error_code ec, redis::Reply, redis::Confirmation cf) { confirmed.set_value({ec, cf}); });
+  const auto [cec, conf] = confirmed.get_future().get();
+  EXPECT_FALSE(cec) << cec.message();
+  EXPECT_EQ(conf.replicas, 1);
+  EXPECT_EQ(cluster->on(replica, "GET " + k), "confirmed");
+  // A replica-confirmed grant in that slot.
+  auto lock = svc->acquire("failover", {.ttl = 1s, .wait = 3s, .fence = true});
+  ASSERT_TRUE(lock);
+  EXPECT_EQ(redis::detail::key_slot(lock->key()), slot);
+  EXPECT_EQ(cluster->on(replica, "GET " + lock->key()), lock->token());
+  EXPECT_TRUE(lock->release());
+  // Then plain commands.
+  EXPECT_TRUE(c.exec(redis::Command{"SET", k, "after"}).is_ok());
+  EXPECT_EQ(cluster->on(replica, "GET " + k), "after");
+  EXPECT_EQ(c.exec(redis::Command{"GET", k}).str, "after");
+}
+
+TEST_F(ClusterClient, AskIsFollowedWhileASlotMigrates) {
+  redis::Client c(options());
+  ASSERT_TRUE(c.wait_connected(5s));
+  const std::string tag = "{migrating}";
+  const std::string k1 = "t:" + tag + ":1", k2 = "t:" + tag + ":2";
+  const auto slot = redis::detail::key_slot(k1);
+  ASSERT_TRUE(c.exec(redis::Command{"SET", k1, "one"}).is_ok());
+  const std::uint16_t from = cluster->primary_of(slot);
+  std::uint16_t to = 0;
+  for (std::size_t i = 0; i < cluster->size(); ++i) {
+    const auto p = cluster->node(i).port();
+    if (p != from && cluster->on(p, "INFO replication").find("role:master") != std::string::npos) to = p;
+  }
+  ASSERT_NE(to, 0);
+  const std::string from_id = cluster->on(from, "CLUSTER MYID"), to_id = cluster->on(to, "CLUSTER MYID");
+  ASSERT_EQ(cluster->on(to, fmt::format("CLUSTER SETSLOT {} IMPORTING {}", slot, from_id)), "OK");
+  ASSERT_EQ(cluster->on(from, fmt::format("CLUSTER SETSLOT {} MIGRATING {}", slot, to_id)), "OK");
+  ASSERT_EQ(cluster->on(from, fmt::format("MIGRATE 127.0.0.1 {} {} 0 5000", to, k1)), "OK");
+  // k1 has moved, the slot has not: the old owner answers ASK.
+  EXPECT_EQ(c.exec(redis::Command{"GET", k1}).str, "one");
+  // A new key of the migrating slot is created on the importing node.
+  EXPECT_TRUE(c.exec(redis::Command{"SET", k2, "two"}).is_ok());
+  // The migration ends: every node says the slot is `to`'s, the old owner
+  // answers MOVED.
+  for (std::size_t i = 0; i < cluster->size(); ++i) {
+    const auto p = cluster->node(i).port();
+    if (cluster->on(p, "INFO replication").find("role:master") != std::string::npos) {
+      EXPECT_EQ(cluster->on(p, fmt::format("CLUSTER SETSLOT {} NODE {}", slot, to_id)), "OK");
+    }
+  }
+  EXPECT_EQ(cluster->on(to, "GET " + k2), "two") << "k2 was not created on the importing node";
+  EXPECT_EQ(c.exec(redis::Command{"GET", k2}).str, "two");
+  EXPECT_EQ(c.exec(redis::Command{"GET", k1}).str, "one");
+  EXPECT_EQ(cluster->primary_of(slot), to);
+}

@@ -1,0 +1,56 @@
+// A Sentinel deployment for tests: a primary, its replicas (ReplicatedRedis)
+// and redis-sentinel processes (`redis-server <conf> --sentinel`), each on a
+// free loopback port in its own temporary directory, all killed when the
+// object dies. Sentinel timeouts are lowered so a failover takes about a
+// second, not the production default of half a minute.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jobguard/testing/embedded_redis.hpp"
+#include "support/replicated_redis.hpp"
+
+namespace jobguard::test {
+
+class SentinelRedis {
+ public:
+  explicit SentinelRedis(int replicas = 2, int sentinels = 3, std::string master = "mymaster");
+  ~SentinelRedis();
+  SentinelRedis(const SentinelRedis&) = delete;
+  SentinelRedis& operator=(const SentinelRedis&) = delete;
+
+  // Starts the data nodes, then the sentinels, and waits until every
+  // sentinel knows every replica and every other sentinel (a failover asked
+  // for before that is refused: NOGOODSLAVE). Throws std::runtime_error.
+  void start(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+  // redis+sentinel://127.0.0.1:A,127.0.0.1:B,.../mymaster, plus "?query".
+  std::string url(const std::string& query = {}) const;
+  const std::string& master_name() const noexcept { return master_; }
+  ReplicatedRedis& data() { return *data_; }
+  EmbeddedRedis& sentinel(std::size_t i) { return *sentinels_.at(i); }
+  std::size_t sentinel_count() const { return sentinels_.size(); }
+
+  // The primary's port as sentinel `i` names it.
+  std::uint16_t primary_port(std::size_t i = 0);
+  // The data node (primary or replica) listening on `port`.
+  EmbeddedRedis& node(std::uint16_t port);
+
+  // SENTINEL FAILOVER, then waits until every sentinel names the new primary,
+  // that server says ROLE master and the other nodes replicate from it.
+  // Returns the new primary's port; `named_at`, when given, gets the moment
+  // the first sentinel named it (the promotion happened before).
+  std::uint16_t failover(std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                         std::chrono::steady_clock::time_point* named_at = nullptr);
+
+ private:
+  std::string master_;
+  std::unique_ptr<ReplicatedRedis> data_;
+  std::vector<std::unique_ptr<EmbeddedRedis>> sentinels_;
+};
+
+}  // namespace jobguard::test
