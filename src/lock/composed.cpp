@@ -53,6 +53,11 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   args.insert(args.end(), std::make_move_iterator(c.args.begin()), std::make_move_iterator(c.args.end()));
   const auto sent_at = svc.clock().now();
   auto self = svc.shared_from_this();
+  // A try-once attempt on a client known to be down fails at once, as a
+  // try-once acquire does: the caller's step-by-step path then meets the
+  // outage itself, and a job does not wait out two deadlines for it.
+  redis::CallOptions call;
+  call.fail_if_down = opts.wait.count() == 0;
   svc.client().async_eval(
       *c.script, std::move(keys), std::move(args),
       [self, gate, ticket, sent_at, resource = std::move(resource), opts, token, done = std::move(done)](
@@ -104,7 +109,8 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
         out.status = ComposedStatus::granted;
         out.lock = self->make_lock(std::move(resource), key, std::move(token), fence, opts, sent_at, ticket->epoch);
         done(Error(), std::move(out));
-      });
+      },
+      call);
 }
 
 }  // namespace detail
