@@ -61,6 +61,12 @@ std::string default_worker() {
   return fmt::format("{}/{}", host[0] ? host : "unknown-host", ::getpid());
 }
 
+// The idempotency key of one step: the same for the one-call claim and
+// finish as for the step-by-step path (JobContext::idempotency_key()).
+std::string step_idempotency_key(const std::string& cls, const std::string& resource, const std::string& run_id) {
+  return fmt::format("{}/{}/{}", cls, resource, run_id);
+}
+
 std::string step_run_id(const std::string& run_id, int chunk) {
   return chunk < 0 ? run_id : fmt::format("{}#chunk-{}", run_id, chunk);
 }
@@ -618,7 +624,7 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
     c.keys.push_back(fused_->completions->key_for(cls_.name, a.resource, unit.run_id));
     if (fused_->idempotency) {
       // The key run_step would claim for the whole unit (chunk -1).
-      idem_key = fmt::format("{}/{}/{}", cls_.name, a.resource, unit.run_id);
+      idem_key = step_idempotency_key(cls_.name, a.resource, unit.run_id);
       out.owner = guard::make_owner_token();
       const auto lease = cls_.long_running ? cls_.hard_timeout : cls_.ttl;
       c.keys.push_back(fused_->idempotency->key_for(idem_key));
@@ -667,7 +673,7 @@ awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& ru
                                                bool idem_ok, const std::string& result) {
   auto& svc = leases_->service();
   std::vector<std::string> keys{fused_->completions->key_for(cls_.name, a.resource, run_id), a.lock->key()};
-  if (idem_ok) keys.push_back(fused_->idempotency->key_for(fmt::format("{}/{}/{}", cls_.name, a.resource, run_id)));
+  if (idem_ok) keys.push_back(fused_->idempotency->key_for(step_idempotency_key(cls_.name, a.resource, run_id)));
   std::vector<std::string> args{a.lock->token(), svc.keys().channel(a.resource), b_.worker, result,
                                 fused_->record_retention, owner, fused_->idem_retention};
   redis::Reply reply;
@@ -755,7 +761,7 @@ awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r, con
   ctx.lock_key_ = a.lock_key();
   ctx.guarded_ = !a.fail_open;
   ctx.chunk_ = chunk;
-  ctx.idem_key_ = fmt::format("{}/{}/{}", cls_.name, a.resource, run_id);
+  ctx.idem_key_ = step_idempotency_key(cls_.name, a.resource, run_id);
   if (a.lease) {
     ctx.fence_ = a.lease->fence();
     ctx.stop_ = a.lease->stop_token();
