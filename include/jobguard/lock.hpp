@@ -343,10 +343,14 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // an Error for the whole batch. Unconfirmed (no WAIT), and every key must
   // be on one server: not for a Redis Cluster (the scheduler renews those,
   // and replica-confirmed leases, one by one).
+  // Views: the strings must live until async_extend_many returns (the
+  // request is encoded before it does). `key`: the lock's key when the caller
+  // has it (Lock::key()); empty = built from `resource`.
   struct ExtendEntry {
-    std::string resource;
-    std::string token;
+    std::string_view resource;
+    std::string_view token;
     std::chrono::milliseconds ttl{0};
+    std::string_view key{};
   };
   using ExtendManyHandler = std::function<void(const Error&, std::vector<bool>)>;
   void async_extend_many(const std::vector<ExtendEntry>& entries, ExtendManyHandler done);

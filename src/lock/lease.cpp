@@ -69,6 +69,9 @@ struct Lease::State {
   std::atomic<bool> release_called{false};
   // Position in the scheduler's deadline queue (loop thread only).
   bool queued = false;
+  // The scheduler's epoch generation this lease's epoch was last found equal
+  // to (loop thread only; 0 = never).
+  std::uint64_t epoch_same_gen = 0;
   std::multimap<Clock::time_point, std::shared_ptr<State>>::iterator qpos;
 };
 
@@ -82,6 +85,9 @@ struct LeaseScheduler::Impl {
   std::mt19937_64 rng{std::random_device{}()};
   std::atomic<std::uint64_t> active{0}, renewals_sent{0}, batches{0}, failures{0}, lost{0};
   std::weak_ptr<LeaseScheduler> owner;
+  ms max_coalesce{0};  // the widest coalesce window (capped at 50 ms) of any lease scheduled; loop thread only
+  std::string seen_epoch;                 // state_lost; loop thread only
+  std::uint64_t seen_epoch_gen = 1;
   std::shared_ptr<void> gate_ptr;  // the service's detail::StateGate
 
   double jitter(double frac) {
@@ -94,6 +100,7 @@ struct LeaseScheduler::Impl {
     if (s->queued) queue.erase(s->qpos);
     s->queued = false;
     if (s->tl.state() != LeaseState::active) return;
+    max_coalesce = std::max(max_coalesce, std::min(s->opts.coalesce, ms(50)));
     s->qpos = queue.emplace(s->tl.next_wake(), s);
     s->queued = true;
     arm();
@@ -194,7 +201,10 @@ struct LeaseScheduler::Impl {
     // Everything due now, plus renewals due within the coalescing window, go
     // out in this turn of the loop: the client writes them as one pipeline.
     std::vector<std::shared_ptr<Lease::State>> due;
-    const auto horizon = now + ms(50);  // bound on any lease's coalesce window
+    // Not a fixed bound: every entry up to the horizon that is not taken is
+    // looked at again on every tick, a cache miss each (100,000 leases: some
+    // 500 entries in 50 ms, 100 ticks a second, more than the renewals).
+    const auto horizon = now + max_coalesce;
     for (auto it = queue.begin(); it != queue.end() && it->first <= horizon;) {
       const auto& s = it->second;
       if (it->first <= now || it->first <= now + s->opts.coalesce) {
@@ -232,9 +242,21 @@ struct LeaseScheduler::Impl {
   detail::StateGate& gate() { return *static_cast<detail::StateGate*>(gate_ptr.get()); }
 
   // Why the lease is lost because its server lost lock state; "" if it is not.
-  std::string state_lost(const Lease::State& s) {
+  std::string state_lost(Lease::State& s) {
     const auto& now_epoch = gate().epoch();
-    if (s.lock.epoch().empty() || now_epoch.empty() || now_epoch == s.lock.epoch()) return {};
+    if (s.lock.epoch().empty() || now_epoch.empty()) return {};
+    // Once per lease and epoch, not per renewal: the lease's epoch string is
+    // cold memory (one cache miss a renewal, a tenth of the scheduler's time
+    // with 100,000 leases); the scheduler's copy of the gate's epoch is hot.
+    if (now_epoch != seen_epoch) {
+      seen_epoch = now_epoch;
+      ++seen_epoch_gen;
+    }
+    if (s.epoch_same_gen == seen_epoch_gen) return {};
+    if (now_epoch == s.lock.epoch()) {
+      s.epoch_same_gen = seen_epoch_gen;
+      return {};
+    }
     return fmt::format("the server lost lock state since the grant (epoch {} -> {}); "
                        "another holder may be granted the lock", s.lock.epoch(), now_epoch);
   }
@@ -259,9 +281,12 @@ struct LeaseScheduler::Impl {
     auto self = owner.lock();
     if (!self) return;
     batches.fetch_add(1, std::memory_order_relaxed);
+    // Views into the leases' own strings (the batch keeps them alive while
+    // the request is encoded): no copies.
     std::vector<LockService::ExtendEntry> entries;
     entries.reserve(batch.size());
-    for (const auto& s : batch) entries.push_back({s->lock.resource(), s->lock.token(), s->lock.ttl()});
+    for (const auto& s : batch)
+      entries.push_back({.resource = s->lock.resource(), .token = s->lock.token(), .ttl = s->lock.ttl(), .key = s->lock.key()});
     self->service().async_extend_many(
         entries, [this, self, batch = std::move(batch)](const Error& e, std::vector<bool> ours) {
           for (std::size_t i = 0; i < batch.size(); ++i) renewed(batch[i], e, !e && ours[i]);

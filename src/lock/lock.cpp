@@ -844,16 +844,34 @@ void LockService::async_extend(const std::string& resource, const std::string& t
 }
 
 void LockService::async_extend_many(const std::vector<ExtendEntry>& entries, ExtendManyHandler done) {
-  std::vector<std::string> keys, args;
-  keys.reserve(entries.size());
-  args.reserve(entries.size() * 2);
-  for (const auto& e : entries) {
-    keys.push_back(keys_.lock_key(e.resource));
-    args.push_back(e.token);
-    args.push_back(std::to_string(e.ttl.count()));
-  }
+  // Views wherever the caller has the string; what must be built (a key from
+  // a resource, a TTL as text) is built once into storage reserved up front,
+  // so no view into it moves.
   const std::size_t n = entries.size();
-  client_.async_eval(script_extend_many(), std::move(keys), std::move(args),
+  std::vector<std::string> built;
+  built.reserve(n * 2);
+  std::vector<std::string_view> keys, args;
+  keys.reserve(n);
+  args.reserve(n * 2);
+  std::chrono::milliseconds last_ttl{-1};
+  std::string_view ttl_text;
+  for (const auto& e : entries) {
+    if (!e.key.empty()) {
+      keys.push_back(e.key);
+    } else {
+      built.push_back(keys_.lock_key(e.resource));
+      keys.push_back(built.back());
+    }
+    args.push_back(e.token);
+    if (e.ttl != last_ttl) {
+      built.push_back(std::to_string(e.ttl.count()));
+      ttl_text = built.back();
+      last_ttl = e.ttl;
+    }
+    args.push_back(ttl_text);
+  }
+  client_.async_eval_views(script_extend_many(), std::span<const std::string_view>(keys),
+                           std::span<const std::string_view>(args),
                      [done = std::move(done), c = &client_, n](std::error_code ec, redis::Reply r) {
                        if (!done) return;
                        if (ec) return done(redis::to_error(ec, r, c->address(), "extend"), {});

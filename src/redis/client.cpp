@@ -615,6 +615,11 @@ void Client::async_eval_views(const Script& script, std::initializer_list<std::s
   impl_->submit_eval(script, keys.size() + args.size(), eval_tail(keys, args), std::move(done), opts);
 }
 
+void Client::async_eval_views(const Script& script, std::span<const std::string_view> keys,
+                              std::span<const std::string_view> args, Completion done, CallOptions opts) {
+  impl_->submit_eval(script, keys.size() + args.size(), eval_tail(keys, args), std::move(done), opts);
+}
+
 std::future<Reply> Client::exec_future(Command cmd, CallOptions opts) {
   auto p = std::make_shared<std::promise<Reply>>();
   auto f = p->get_future();

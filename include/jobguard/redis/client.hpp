@@ -25,6 +25,7 @@
 #include <future>
 #include <memory>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -125,6 +126,9 @@ class Client {
   // release and extend): encoded straight into the request, no vectors.
   void async_eval_views(const Script& script, std::initializer_list<std::string_view> keys,
                         std::initializer_list<std::string_view> args, Completion done, CallOptions opts = {});
+  // Any number of views (a batch of renewals).
+  void async_eval_views(const Script& script, std::span<const std::string_view> keys,
+                        std::span<const std::string_view> args, Completion done, CallOptions opts = {});
 
   // The same, each followed on the same connection by the confirmation
   // (Confirm): `done` runs once both replies are in, or at once when the

@@ -145,9 +145,11 @@ TEST_F(LeaseTest, ExtendManyAnswersEachEntryAndNamesTheServerOnError) {
   auto b = svc->acquire(resource("em-b"), LockOptions{.ttl = 5s});
   ASSERT_TRUE(a && b);
   std::promise<std::pair<Error, std::vector<bool>>> p;
+  // Entries are views: every string they name lives as long as they do.
+  const std::string none = resource("em-none");
   std::vector<LockService::ExtendEntry> entries{{a->resource(), a->token(), 60s},
-                                                {b->resource(), "not-the-token", 60s},
-                                                {resource("em-none"), "x", 60s}};
+                                                {b->resource(), "not-the-token", 60s, b->key()},
+                                                {none, "x", 60s}};
   svc->async_extend_many(entries, [&](const Error& e, std::vector<bool> ours) { p.set_value({e, ours}); });
   auto [err, ours] = p.get_future().get();
   ASSERT_FALSE(err) << err.what();
