@@ -344,6 +344,19 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     std::string lock_key;
     bool has_unit = false;
     WorkItem item(job, soft.get_token(), hard.get_token());
+    // The slot is free once the effect is over: the next job's claim goes
+    // out with this job's finish (one round trip per job at concurrency 1,
+    // not two) and its acknowledgement. A run that ends before any effect
+    // (busy, done already, refused) frees it at its end.
+    bool slot_freed = false;
+    auto free_slot = [&] {
+      if (slot_freed) return;
+      slot_freed = true;
+      --in_flight;
+      ++acting;
+      start_next();
+      wake.cancel();
+    };
     {
       std::lock_guard lk(mu);
       ++st.jobs;
@@ -362,10 +375,12 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         // The effects are named, not temporaries in the co_await: g++ 12
         // destroys such temporaries twice.
         if (async_effect) {
-          AsyncEffect effect = [&](JobContext& ctx) {
+          AsyncEffect effect = [&](JobContext& ctx) -> asio::awaitable<std::string> {
             item.ctx_ = &ctx;
             lock_key = ctx.lock_key();
-            return async_effect(item);
+            std::string result = co_await async_effect(item);
+            free_slot();
+            co_return result;
           };
           r = co_await runner.async_run(unit, std::move(effect), pool->get_executor());
         } else {
@@ -388,13 +403,8 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     }
     if (has_unit && lock_key.empty() && !r.fail_open) lock_key = runner.lock_key_for(unit.id);
 
-    // The slot is free once the run is over: the next job's claim goes out
-    // with this job's acknowledgement instead of after it.
-    --in_flight;
-    ++acting;
     if (d.action == Action::retry_later) backoff = std::clamp(backoff * 2, o.retry_backoff, o.retry_backoff_max);
-    start_next();
-    wake.cancel();
+    free_slot();
 
     std::string applied, action_error;
     bool dead = false;
