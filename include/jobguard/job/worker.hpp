@@ -22,7 +22,10 @@
 // (a supervised process is one) runs there too; a blocking JobEffect runs on
 // a thread pool of the worker's (one thread per job slot), and so do stores
 // without an asynchronous form (PostgreSQL). A slow job holds only its own
-// slot: renewals, acks and the other jobs go on. New jobs are read with a
+// slot: renewals, acks and the other jobs go on. An AsyncJobEffect's slot is
+// free once the effect returns: the next job's claim goes out with this
+// job's finish, so at most `concurrency` effects run at once while finishes
+// and acknowledgements are still on their way. New jobs are read with a
 // blocking XREADGROUP on a second connection of the worker's own, so a read
 // never stalls the commands of the jobs in flight.
 //
@@ -148,7 +151,8 @@ struct JobReport {
 struct WorkerOptions {
   // The consumer name in the group. Default "<host>-<pid>".
   std::string consumer{};
-  // Jobs in flight at once. Default 1; must be in [1, 4096].
+  // Jobs whose claim or effect is in progress at once (a finishing job no
+  // longer counts, see Concurrency above). Default 1; must be in [1, 4096].
   int concurrency = 1;
   // The job field holding the unit id (required in every job) and the one
   // holding the run id (default: the stream entry id).

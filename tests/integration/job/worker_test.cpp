@@ -112,6 +112,48 @@ TEST_F(StreamWorkerTest, ManyJobsInFlightOnOneLoopRunEachUnitsEffectOnce) {
   EXPECT_EQ(producer.pending_count(), 0);
 }
 
+// At concurrency 1 the slot is free once the effect is over: the next job's
+// claim goes out with this job's finish, ahead of this job's XACK. Replies
+// come back in the order sent on the one connection, so the second effect
+// starts before the first job's report (which follows its XACK's reply).
+// With the slot freed only at the end of the run, the claim went out after
+// the XACK, and the report always came first.
+TEST_F(StreamWorkerTest, AtConcurrencyOneTheNextClaimGoesOutWithTheFinish) {
+  job::GuardedRunner runner(leases, cls("w-one"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  for (int u = 0; u < 3; ++u) add(producer, "one-" + std::to_string(u));
+  std::mutex mu;
+  std::vector<std::string> events;
+  int inside = 0, most_inside = 0;
+  job::AsyncJobEffect effect = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    {
+      std::lock_guard lk(mu);
+      events.push_back("effect " + item.context().unit().id);
+      most_inside = std::max(most_inside, ++inside);
+    }
+    co_await sleep_for(1ms);
+    {
+      std::lock_guard lk(mu);
+      --inside;
+    }
+    co_return "ok";
+  };
+  job::WorkerOptions wo{.concurrency = 1, .max_jobs = 3, .exit_when_idle = 3s};
+  wo.on_job = [&](const job::JobReport& r) {
+    std::lock_guard lk(mu);
+    events.push_back("report " + (r.unit ? r.unit->id : std::string("?")));
+  };
+  job::StreamWorker worker(*client, stream, runner, effect, wo);
+  worker.run();
+  EXPECT_EQ(worker.stats().completed, 3);
+  std::lock_guard lk(mu);
+  EXPECT_EQ(most_inside, 1) << "concurrency 1 ran two effects at once";
+  EXPECT_EQ(events, (std::vector<std::string>{"effect one-0", "effect one-1", "report one-0", "effect one-2",
+                                              "report one-1", "report one-2"}));
+  EXPECT_EQ(producer.pending_count(), 0);
+}
+
 TEST_F(StreamWorkerTest, ASlowJobHoldsOnlyItsSlotAndItsLeaseIsRenewed) {
   job::GuardedRunner runner(leases, cls("w-slow", /*long_running=*/true), backends());
   job::StreamSource producer(*client, stream);
