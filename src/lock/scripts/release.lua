@@ -1,8 +1,11 @@
 -- Compare-and-delete: only the holder's token may delete the lock, so a
 -- worker whose lock expired cannot delete the next holder's lock.
 -- KEYS: 1 lock; for a fair lock also 2 queue, 3 queue expiries, 4 fence counter.
--- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource.
+-- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource;
+--       4 '1' on a Redis Cluster: SPUBLISH (sharded; the channels share the
+--         lock's hash tag, so they live on this shard), else PUBLISH.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
 
 if KEYS[2] then
   -- Fair: hand the lock straight to the live head of the queue, so the next
@@ -27,7 +30,7 @@ if KEYS[2] then
         local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
         fence = math.max((tonumber(redis.call('GET', KEYS[4]) or '0') or 0) + 1, floor)
       end
-      if redis.call('PUBLISH', chan, tok .. ' ' .. string.format('%d', fence) .. ' ' .. ARGV[3]) > 0 then
+      if redis.call(publish, chan, tok .. ' ' .. string.format('%d', fence) .. ' ' .. ARGV[3]) > 0 then
         redis.call('SET', KEYS[1], tok, 'PX', ttl)
         if f == '1' then redis.call('SET', KEYS[4], string.format('%d', fence)) end
         redis.call('LPOP', KEYS[2])
@@ -43,5 +46,5 @@ end
 
 redis.call('DEL', KEYS[1])
 -- Wake plain waiters now instead of at their next backoff.
-redis.call('PUBLISH', ARGV[2], ARGV[1])
+redis.call(publish, ARGV[2], ARGV[1])
 return 1
