@@ -63,6 +63,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
   std::vector<detail::SlotRange> ranges;                         // the slot map, sorted by first slot
   std::unordered_map<std::uint16_t, std::string> moved;          // MOVED since the map was asked for
   bool have_map = false, map_in_flight = false, map_again = false;
+  detail::SlotMapSource slot_source;  // CLUSTER SHARDS, else SLOTS
   asio::steady_timer retry_timer;
   bool retry_armed = false;
   int retry_round = 0;
@@ -415,15 +416,17 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
     map_in_flight = true;
     map_again = false;
     std::weak_ptr<Impl> weak = weak_from_this();
-    client->async_exec(Command{"CLUSTER", "SLOTS"}, [weak](std::error_code ec, Reply r) {
+    client->async_exec(Command(slot_source.command()), [weak](std::error_code ec, Reply r) {
       auto self = weak.lock();
       if (!self) return;
       // On the client's loop, which is ours.
       self->map_in_flight = false;
       if (self->closed) return;
-      std::vector<detail::SlotRange> got;
-      if (!ec) got = detail::parse_cluster_slots(r, self->opts.host);
-      if (got.empty()) return self->retry_later();
+      auto got = self->slot_source.parse(ec, r, self->opts.host, self->opts.tls.enabled);
+      if (got.empty()) {
+        if (self->slot_source.retry_with_slots()) return self->ask_map();
+        return self->retry_later();
+      }
       std::sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       self->ranges = std::move(got);
       self->have_map = true;
