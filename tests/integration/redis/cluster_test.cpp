@@ -74,7 +74,7 @@ TEST_F(ClusterClient, LocksOnEveryShardAreExclusiveAndFenced) {
     EXPECT_TRUE(lock->release());
   }
   EXPECT_EQ(shards.size(), 3u);
-  // Waiters are woken by the release (classic pub/sub reaches every node).
+  // Waiters are woken by the release (sharded pub/sub on the slot's primary).
   auto held = svc->acquire("shared", {.ttl = 5s});
   ASSERT_TRUE(held);
   std::optional<Lock> waited;
