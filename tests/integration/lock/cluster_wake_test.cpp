@@ -14,6 +14,7 @@
 
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -274,4 +275,45 @@ TEST_F(ClusterWake, AWaiterIsWokenAfterItsShardFailsOver) {
   auto mine = got.get();
   ASSERT_TRUE(mine);
   EXPECT_TRUE(mine->release());
+}
+
+// An ACL user without sharded pub/sub rights: the refused SSUBSCRIBE is
+// reported (one line, the server's NOPERM), and the waiter still gets the
+// lock by polling.
+TEST_F(ClusterWake, ARefusedSsubscribeIsReportedAndTheWaiterPolls) {
+  for (std::size_t i = 0; i < cluster->size(); ++i)
+    ASSERT_EQ(cluster->on(cluster->node(i).port(), "ACL SETUSER nosub on >pw ~* &* +@all -ssubscribe"), "OK");
+  redis::Client admin_client(options());
+  ASSERT_TRUE(admin_client.wait_connected(5s));
+  trust_new_server(admin_client);
+  auto o = options();
+  o.user = "nosub";
+  o.password = "pw";
+  std::vector<std::string> warnings;
+  std::mutex mu;
+  o.on_warning = [&](const std::string& line) {
+    std::lock_guard g(mu);
+    warnings.push_back(line);
+  };
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  auto svc = LockService::create(c);
+  auto holder = svc->acquire("nosub", {.ttl = 30s});
+  ASSERT_TRUE(holder);
+  std::thread releaser([&] {
+    // Released once the waiter has said it cannot listen.
+    eventually([&] { return static_cast<bool>(svc->subscriber_error()); }, 10s);
+    holder->release();
+  });
+  auto got = svc->acquire("nosub", {.ttl = 5s, .wait = 20s, .backoff_max = 50ms});
+  releaser.join();
+  EXPECT_TRUE(got.has_value()) << "polling must still find the released lock";
+  const Error e = svc->subscriber_error();
+  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
+  EXPECT_NE(std::string(e.what()).find("NOPERM"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("SSUBSCRIBE"), std::string::npos) << e.what();
+  std::lock_guard g(mu);
+  bool said = false;
+  for (const auto& w : warnings) said = said || w.find("fall back to polling") != std::string::npos;
+  EXPECT_TRUE(said) << "the refusal is logged through on_warning";
 }
