@@ -1,7 +1,8 @@
-// The client on a real Redis Cluster (issue #15, first slice): 3 primaries
-// and 3 replicas started by the fixture (ClusterRedis). Commands go to their
-// key's primary from the slot map; MOVED is followed after a CLUSTER FAILOVER
-// and ASK during a slot migration; locks work on every shard.
+// The client on a real Redis Cluster (issue #15): 3 primaries and 3 replicas
+// started by the fixture (ClusterRedis). Commands go to their key's primary
+// from the slot map (CLUSTER SHARDS); MOVED is followed after a CLUSTER
+// FAILOVER and ASK during a slot migration; locks work on every shard.
+// Waiters and sharded pub/sub: tests/integration/lock/cluster_wake_test.cpp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
