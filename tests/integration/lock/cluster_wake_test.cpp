@@ -317,3 +317,66 @@ TEST_F(ClusterWake, ARefusedSsubscribeIsReportedAndTheWaiterPolls) {
   for (const auto& w : warnings) said = said || w.find("fall back to polling") != std::string::npos;
   EXPECT_TRUE(said) << "the refusal is logged through on_warning";
 }
+
+// The subscriber's slot map is stale (a slot moved while none of its
+// channels were in it): the SSUBSCRIBE sent to the old owner is answered
+// -MOVED, followed to the new owner, and the release there wakes the waiter.
+TEST_F(ClusterWake, AStaleSlotMapIsCorrectedByMoved) {
+  redis::Client holder_client(options()), waiter_client(options());
+  ASSERT_TRUE(holder_client.wait_connected(5s));
+  ASSERT_TRUE(waiter_client.wait_connected(5s));
+  trust_new_server(holder_client);
+  auto holders = LockService::create(holder_client);
+  auto waiters = LockService::create(waiter_client);
+  KeyBuilder keys;
+  // One wait first, so the waiters' subscriber has its map.
+  {
+    auto held = holders->acquire("first", {.ttl = 30s});
+    ASSERT_TRUE(held);
+    auto got = std::async(std::launch::async, [&] { return waiters->acquire("first", slow_poll({.ttl = 5s, .wait = 60s})); });
+    const auto p = cluster->primary_of(redis::detail::key_slot(keys.lock_key("first")));
+    ASSERT_TRUE(eventually([&] { return subscribers_at(p, "SHARDNUMSUB", keys.channel("first")) == 1; }, 10s));
+    ASSERT_TRUE(held->release());
+    ASSERT_EQ(got.wait_for(10s), std::future_status::ready);
+    auto l = got.get();
+    ASSERT_TRUE(l);
+    EXPECT_TRUE(l->release());
+  }
+  // Now move the (empty) slot of another resource to another primary.
+  const std::string r = "stale";
+  const auto slot = redis::detail::key_slot(keys.lock_key(r));
+  const std::uint16_t from = cluster->primary_of(slot);
+  std::uint16_t to = 0;
+  for (std::size_t i = 0; i < cluster->size(); ++i) {
+    const auto p = cluster->node(i).port();
+    if (p != from && cluster->on(p, "INFO replication").find("role:master") != std::string::npos) to = p;
+  }
+  ASSERT_NE(to, 0);
+  const std::string to_id = cluster->on(to, "CLUSTER MYID");
+  for (std::size_t i = 0; i < cluster->size(); ++i) {
+    const auto p = cluster->node(i).port();
+    if (cluster->on(p, "INFO replication").find("role:master") != std::string::npos) {
+      ASSERT_EQ(cluster->on(p, fmt::format("CLUSTER SETSLOT {} NODE {}", slot, to_id)), "OK");
+    }
+  }
+  ASSERT_TRUE(eventually([&] { return cluster->primary_of(slot) == to; }, 10s));
+  auto held = holders->acquire(r, {.ttl = 30s});
+  ASSERT_TRUE(held);
+  EXPECT_EQ(cluster->on(to, "GET " + keys.lock_key(r)), held->token());
+  auto got = std::async(std::launch::async, [&] { return waiters->acquire(r, slow_poll({.ttl = 5s, .wait = 60s})); });
+  ASSERT_TRUE(eventually([&] { return subscribers_at(to, "SHARDNUMSUB", keys.channel(r)) == 1; }, 10s))
+      << "the SSUBSCRIBE did not follow the MOVED to 127.0.0.1:" << to;
+  // It went to the old owner first, which refused it (a redirect is a
+  // rejected call).
+  const std::string stats = cluster->on(from, "INFO commandstats");
+  const auto at = stats.find("cmdstat_ssubscribe:");
+  ASSERT_NE(at, std::string::npos) << stats;
+  const std::string line = stats.substr(at, stats.find('\r', at) - at);
+  EXPECT_NE(line.find("rejected_calls="), std::string::npos) << line;
+  EXPECT_EQ(line.find("rejected_calls=0,"), std::string::npos) << line;
+  ASSERT_TRUE(held->release());
+  ASSERT_EQ(got.wait_for(10s), std::future_status::ready) << "not woken within 10 s of the release (poll 30 s)";
+  auto mine = got.get();
+  ASSERT_TRUE(mine);
+  EXPECT_TRUE(mine->release());
+}
