@@ -41,6 +41,8 @@ class Registry;
 //   <prefix>:lock:{invoice:48291}    the lock (value = owner token)
 //   <prefix>:fence:{invoice:48291}   the fencing high-water mark
 //   <prefix>:queue:{invoice:48291}   fair-mode waiters (list) + :qexp (zset)
+//   <prefix>:waiters:{invoice:48291} default-mode waiters by arrival (zset): a
+//                                    release wakes the longest-waiting one
 //   <prefix>:released:{invoice:48291} the pub/sub channel for releases
 //   <prefix>:grant:<random>          a LockService's channel for fair handoffs
 //   <prefix>:grant:{invoice:48291}:<random>  the same on a Redis Cluster, one per
@@ -57,6 +59,7 @@ class KeyBuilder {
   std::string fence_key(std::string_view resource) const;
   std::string queue_key(std::string_view resource) const;
   std::string queue_expiry_key(std::string_view resource) const;
+  std::string waiters_key(std::string_view resource) const;
   std::string channel(std::string_view resource) const;
   // "invoice:48291" from "jobguard:lock:{invoice:48291}"; nullopt if not ours.
   std::optional<std::string> resource_of(std::string_view lock_key) const;

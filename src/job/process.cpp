@@ -19,6 +19,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "group_guardian.hpp"
 #include "jobguard/error.hpp"
 
 extern char** environ;
@@ -45,8 +46,8 @@ bool withheld(std::string_view name) {
 
 class SpawnAttrs {
  public:
-  // `block_all`: start with every signal blocked (the guardian) instead of none.
-  explicit SpawnAttrs(pid_t pgroup, bool block_all = false) {
+  // `pgroup` 0: CMD leads a new process group, its own.
+  explicit SpawnAttrs(pid_t pgroup) {
     posix_spawnattr_init(&attr_);
     // Every disposition back to default: ignored ones survive exec, and
     // jobguard ignores SIGPIPE (so must CMD not: `cmd | head -1` relies on it),
@@ -56,8 +57,7 @@ class SpawnAttrs {
     sigfillset(&defaults);
     sigdelset(&defaults, SIGKILL);
     sigdelset(&defaults, SIGSTOP);
-    if (block_all) sigfillset(&empty);
-    else sigemptyset(&empty);
+    sigemptyset(&empty);
     posix_spawnattr_setsigdefault(&attr_, &defaults);
     posix_spawnattr_setsigmask(&attr_, &empty);
     posix_spawnattr_setpgroup(&attr_, pgroup);
@@ -82,28 +82,14 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
-// The guardian: /bin/sh leading CMD's new process group, every signal
-// blocked, reading a pipe whose write end only we hold. At EOF — we closed it
-// when CMD ended, or we died of anything, SIGKILL included — it kills the
-// group, itself with it. Blocked, not ignored: signals sent to the group
-// (forwarded ones, ^C with CMD in the foreground) stay pending in it, and a
-// blocked SIGTTIN/SIGTTOU/SIGTSTP does not stop it. It is spawned as CMD is
-// (vfork + exec), never forked: a fork copies the page tables of the whole
-// process, milliseconds for a busy worker, on the event loop, once per CMD —
-// that serialised every spawn of a concurrent worker.
-constexpr const char* kGuardianScript = "read _; kill -KILL 0";
-
 class SpawnFiles {
  public:
-  // The guardian's descriptors: the pipe on stdin, /dev/null for output,
-  // nothing else (above all no other guardian's pipe, which would hold off
-  // that guardian's EOF; ours are close-on-exec too, this is the backstop).
-  explicit SpawnFiles(int rfd) {
+  // --foreground: CMD's new group takes the terminal in the child, before the
+  // exec, so CMD can never read it from the background (and be stopped by
+  // SIGTTIN) in the moment before we could hand it over.
+  explicit SpawnFiles(bool foreground) {
     posix_spawn_file_actions_init(&fa_);
-    posix_spawn_file_actions_adddup2(&fa_, rfd, 0);
-    posix_spawn_file_actions_addopen(&fa_, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa_, 1, 2);
-    posix_spawn_file_actions_addclosefrom_np(&fa_, 3);
+    if (foreground) posix_spawn_file_actions_addtcsetpgrp_np(&fa_, STDIN_FILENO);
   }
   ~SpawnFiles() { posix_spawn_file_actions_destroy(&fa_); }
   SpawnFiles(const SpawnFiles&) = delete;
@@ -150,18 +136,15 @@ std::vector<std::string> child_environment(const std::vector<std::pair<std::stri
 }
 
 struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
-  explicit Impl(asio::any_io_executor ex) : pidfd(ex), guardian_pidfd(ex), sigchld(ex) {}
+  explicit Impl(asio::any_io_executor ex) : pidfd(ex), sigchld(ex) {}
 
   asio::posix::stream_descriptor pidfd;
-  asio::posix::stream_descriptor guardian_pidfd;
   asio::signal_set sigchld;
   ExitHandler on_exit;
   StopHandler on_stop;
-  pid_t pid = -1;
-  pid_t guardian = -1;
-  int guardian_pipe = -1;  // our write end; closing it makes the guardian kill the group
+  pid_t pid = -1;           // CMD, the leader of its own group (pgid == pid)
+  bool group_ended = false;  // killed and unlisted; from here on only the reap
   bool reaped = false;
-  bool guardian_reaped = false;
   bool reported = false;
   bool stopped = false;
   pid_t restore_pgrp = -1;  // --foreground: the terminal's group before CMD
@@ -172,51 +155,68 @@ struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
     restore_pgrp = -1;
   }
 
-  void close_guardian_pipe() {
-    if (guardian_pipe >= 0) ::close(guardian_pipe);
-    guardian_pipe = -1;
+  // CMD has exited (a zombie still, so the group id is still ours): what it
+  // left in its group dies now, before the outcome is reported and the lock
+  // released, and the guardian forgets the group while its id cannot yet be
+  // reused by anyone.
+  void end_group() {
+    if (group_ended) return;
+    group_ended = true;
+    ::kill(-pid, SIGKILL);
+    detail::unguard_group(pid);
   }
 
-  void poll() {
+  // Exited? Looked at without reaping: the group must be killed first.
+  void poll_exit() {
     while (!reaped) {
-      int st = 0;
-      const pid_t r = ::waitpid(pid, &st, WNOHANG | WUNTRACED | WCONTINUED);
-      if (r == 0) break;
-      if (r < 0) {
+      siginfo_t info{};
+      if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) < 0) {
         if (errno == EINTR) continue;
         // ECHILD: someone else reaped it (a SIG_IGN'd SIGCHLD would do that);
-        // the status is lost, report it as killed so no one mistakes it for success.
+        // the status is lost, report it as killed so no one mistakes it for
+        // success. The group id may be anyone's now: no kill.
         status = ExitStatus{true, 0, SIGKILL};
+        group_ended = true;
+        detail::unguard_group(pid);
         reaped = true;
-      } else if (WIFSTOPPED(st)) {
-        stopped = true;
-        if (on_stop) on_stop(true, WSTOPSIG(st));
-      } else if (WIFCONTINUED(st)) {
+        break;
+      }
+      if (info.si_pid != pid) return;
+      status = info.si_code == CLD_EXITED ? ExitStatus{false, info.si_status, 0} : ExitStatus{true, 0, info.si_status};
+      end_group();
+      reap_blocking(pid);
+      reaped = true;
+    }
+    finish();
+  }
+
+  // Stopped or continued: only SIGCHLD tells (a pidfd signals the exit).
+  void poll_stops() {
+    while (!reaped) {
+      siginfo_t sc{};
+      if (::waitid(P_PID, static_cast<id_t>(pid), &sc, WSTOPPED | WCONTINUED | WNOHANG) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (sc.si_pid != pid) return;
+      if (sc.si_code == CLD_CONTINUED) {
         stopped = false;
         if (on_stop) on_stop(false, 0);
       } else {
-        status = WIFSIGNALED(st) ? ExitStatus{true, 0, WTERMSIG(st)} : ExitStatus{false, WEXITSTATUS(st), 0};
-        reaped = true;
+        stopped = true;
+        if (on_stop) on_stop(true, sc.si_status);
       }
     }
+  }
+
+  void finish() {
     if (!reaped) return;
-    // CMD is over: the terminal goes back before anything else runs in our
-    // group, and whatever CMD left in its group dies with the guardian, so
-    // nothing of this job runs on once we report (and release the lock).
+    // CMD is over: the terminal goes back before anything else runs in our group.
     release_terminal();
-    close_guardian_pipe();
-    while (!guardian_reaped) {
-      int st = 0;
-      const pid_t r = ::waitpid(guardian, &st, WNOHANG);
-      if (r == 0) return;  // its pidfd or SIGCHLD calls us again
-      if (r < 0 && errno == EINTR) continue;
-      guardian_reaped = true;
-    }
     if (reported) return;
     reported = true;
     boost::system::error_code ignored;
     pidfd.close(ignored);
-    guardian_pidfd.close(ignored);
     sigchld.cancel();
     on_stop = nullptr;
     if (auto cb = std::move(on_exit)) {
@@ -225,14 +225,13 @@ struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
     }
   }
 
-  void watch(asio::posix::stream_descriptor& fd) {
-    fd.async_wait(asio::posix::stream_descriptor::wait_read,
-                  [self = shared_from_this(), &fd](boost::system::error_code ec) {
-                    if (ec || self->reported) return;
-                    self->poll();
-                    // A pidfd stays readable after the exit: watch it no more.
-                    if (!self->reported && &fd == &self->pidfd && !self->reaped) self->watch(fd);
-                  });
+  void watch() {
+    pidfd.async_wait(asio::posix::stream_descriptor::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->reported) return;
+      self->poll_exit();
+      // A pidfd stays readable after the exit: watch it no more.
+      if (!self->reported && !self->reaped) self->watch();
+    });
   }
 
   void watch_sigchld() {
@@ -240,7 +239,10 @@ struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
     // it also covers kernels without pidfds.
     sigchld.async_wait([self = shared_from_this()](boost::system::error_code ec, int) {
       if (ec || self->reported) return;
-      self->poll();
+      // Every SIGCHLD wakes every Process: with a pidfd for the exit, one
+      // system call each, not two (a concurrent worker has dozens).
+      self->poll_stops();
+      if (!self->pidfd.is_open()) self->poll_exit();
       if (!self->reported) self->watch_sigchld();
     });
   }
@@ -266,7 +268,7 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   auto& s = *impl_;
   s.on_exit = std::move(on_exit);
   s.on_stop = std::move(on_stop);
-  // Installed before the guardian exists so that no SIGCHLD of ours is missed.
+  // Installed before CMD exists so that no SIGCHLD of ours is missed.
   s.sigchld.add(SIGCHLD);
   // Asio installs its handler without SA_RESTART: every stop, continue and
   // exit of a child would then fail a blocking call on another thread (a
@@ -277,61 +279,50 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
     ::sigaction(SIGCHLD, &sa, nullptr);
   }
 
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) fail(errno, "pipe");
-  pid_t g = -1;
-  {
-    SpawnFiles files(fds[0]);
-    SpawnAttrs guardian_attrs(0, /*block_all=*/true);  // pgroup 0: a new group, led by the guardian
-    char sh[] = "sh", dash_c[] = "-c";
-    char* gargv[] = {sh, dash_c, const_cast<char*>(kGuardianScript), nullptr};
-    char* genv[] = {nullptr};
-    const int rc = ::posix_spawn(&g, "/bin/sh", files.get(), guardian_attrs.get(), gargv, genv);
-    ::close(fds[0]);
-    if (rc != 0) {
-      ::close(fds[1]);
-      fail(rc, "starting its guardian (/bin/sh)");
-    }
-  }
-  s.guardian = g;
-  s.guardian_pipe = fds[1];
-  // From here on, a failure must end the guardian (it kills only its own group).
-  auto undo = [&](int err, std::string_view what) {
-    s.release_terminal();
-    s.close_guardian_pipe();
-    ::kill(g, SIGKILL);
-    reap_blocking(g);
-    s.guardian_reaped = true;
-    s.reaped = s.reported = true;
-    fail(err, what);
-  };
-  if (::getpgid(g) != g) undo(ESRCH, "the guardian process could not lead a process group");
+  pid_t before = -1;
   if (options.foreground) {
-    const pid_t before = ::tcgetpgrp(STDIN_FILENO);
-    if (before < 0 || !set_foreground(g)) undo(errno, "--foreground: standard input is not our terminal");
-    s.restore_pgrp = before;
+    before = ::tcgetpgrp(STDIN_FILENO);
+    if (before < 0) fail(errno, "--foreground: standard input is not our terminal");
   }
-
-  SpawnAttrs attrs(g);
+  SpawnFiles files(options.foreground);
+  SpawnAttrs attrs(0);
   pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, argv[0], nullptr, attrs.get(), argv.data(), envp.data());
-  if (rc != 0) undo(rc, "");
+  // The spawn is vfork + exec, never a fork: a fork copies the page tables of
+  // the whole process, milliseconds for a busy worker, on the event loop, once
+  // per CMD — that serialised every spawn of a concurrent worker.
+  const int rc = ::posix_spawnp(&pid, argv[0], files.get(), attrs.get(), argv.data(), envp.data());
+  if (rc != 0) {
+    // ENOTTY/EPERM from the terminal hand-over come back as the spawn's error.
+    if (options.foreground && (rc == ENOTTY || rc == EPERM || rc == EINVAL))
+      fail(rc, "--foreground: standard input is not our terminal");
+    fail(rc, "");
+  }
   s.pid = pid;
+  if (options.foreground) s.restore_pgrp = before;
+  // The window this leaves: a jobguard killed between the spawn and this call
+  // (one send(2)) leaves CMD unguarded.
+  try {
+    detail::guard_group(pid);
+  } catch (const std::system_error& e) {
+    s.release_terminal();
+    ::kill(-pid, SIGKILL);
+    reap_blocking(pid);
+    s.group_ended = s.reaped = s.reported = true;
+    fail(e.code().value(), "starting the process-group guardian");
+  }
 
   if (const int fd = open_pidfd(pid); fd >= 0) {
     s.pidfd.assign(fd);
-    s.watch(s.pidfd);
-  }
-  if (const int fd = open_pidfd(g); fd >= 0) {
-    s.guardian_pidfd.assign(fd);
-    s.watch(s.guardian_pidfd);
+    s.watch();
   }
   s.watch_sigchld();
   // A SIGCHLD that came before the handler ran is not lost (the set was
   // installed first), but look once anyway: cheap, and it covers a child that
   // stopped at once.
   asio::post(ex, [self = impl_] {
-    if (!self->reported) self->poll();
+    if (self->reported) return;
+    self->poll_stops();
+    self->poll_exit();
   });
 }
 
@@ -341,39 +332,32 @@ Process::~Process() {
   s.on_stop = nullptr;
   boost::system::error_code ignored;
   s.pidfd.close(ignored);
-  s.guardian_pidfd.close(ignored);
   s.sigchld.cancel();
   if (!s.reaped && s.pid > 0) {
-    ::kill(-s.guardian, SIGKILL);
+    s.end_group();
     reap_blocking(s.pid);
     s.reaped = true;
   }
   s.release_terminal();
-  s.close_guardian_pipe();
-  if (!s.guardian_reaped && s.guardian > 0) {
-    reap_blocking(s.guardian);
-    s.guardian_reaped = true;
-  }
 }
 
 pid_t Process::pid() const noexcept { return impl_->pid; }
-pid_t Process::pgid() const noexcept { return impl_->guardian; }
+pid_t Process::pgid() const noexcept { return impl_->pid; }
 bool Process::running() const noexcept { return !impl_->reaped; }
 bool Process::stopped() const noexcept { return impl_->stopped && !impl_->reaped; }
 
 void Process::signal_group(int sig) {
   auto& s = *impl_;
-  if (s.reaped) return;
-  // The guardian is a member until the end, so the group id is ours as long
-  // as CMD is unreaped.
-  ::kill(-s.guardian, sig);
-  if (sig != SIGCONT && sig != SIGKILL) ::kill(-s.guardian, SIGCONT);
+  // Until the group was killed, CMD is unreaped and the group id ours.
+  if (s.group_ended) return;
+  ::kill(-s.pid, sig);
+  if (sig != SIGCONT && sig != SIGKILL) ::kill(-s.pid, SIGCONT);
 }
 
 void Process::kill() {
   auto& s = *impl_;
-  if (s.reaped) return;
-  ::kill(-s.guardian, SIGKILL);
+  if (s.group_ended) return;
+  ::kill(-s.pid, SIGKILL);
 }
 
 }  // namespace jobguard::job

@@ -45,6 +45,7 @@ std::string KeyBuilder::lock_key(std::string_view r) const { return key("lock", 
 std::string KeyBuilder::fence_key(std::string_view r) const { return key("fence", r); }
 std::string KeyBuilder::queue_key(std::string_view r) const { return key("queue", r); }
 std::string KeyBuilder::queue_expiry_key(std::string_view r) const { return key("qexp", r); }
+std::string KeyBuilder::waiters_key(std::string_view r) const { return key("waiters", r); }
 std::string KeyBuilder::channel(std::string_view r) const { return key("released", r); }
 
 std::optional<std::string> KeyBuilder::resource_of(std::string_view k) const {

@@ -103,10 +103,13 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
     else
       client.async_eval_views(lock_release_script(), {key, queue, qexp, fence}, {token, channel, resource},
                               std::move(on_reply));
-  } else if (sharded) {
-    client.async_eval_views(lock_release_script(), {key}, {token, channel, "", "1"}, std::move(on_reply));
   } else {
-    client.async_eval_views(lock_release_script(), {key}, {token, channel}, std::move(on_reply));
+    // With its waiters' line, so the release wakes the longest-waiting one.
+    const std::string waiters = keys.waiters_key(resource);
+    if (sharded)
+      client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel, "", "1"}, std::move(on_reply));
+    else
+      client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel}, std::move(on_reply));
   }
 }
 
@@ -129,6 +132,8 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
     virtual void wake() = 0;
     // A fair release handed the lock to this waiter (release.lua).
     virtual void on_grant(std::optional<std::int64_t> fence) = 0;
+    // Its entry in a default-mode line ("wake <id>" names it).
+    virtual const std::string& waiter_id() const noexcept = 0;
   };
 
   // Plain waiters listen on their resource's release channel, shared by every
@@ -285,6 +290,16 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
             if (grants) return self->on_grant_message(msg);
             auto it = self->channels.find(channel);
             if (it == self->channels.end()) return;
+            // "wake <id>": the release woke one waiter, the longest waiting
+            // (release.lua); the others sleep on, or the herd they would
+            // make races for the lock and the tail of the wait grows with
+            // every lost race. Anything else (a token) wakes every waiter.
+            if (msg.size() > 5 && msg.compare(0, 5, "wake ") == 0) {
+              const std::string_view id = std::string_view(msg).substr(5);
+              for (auto* x : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end()))
+                if (x->waiter_id() == id) x->wake();
+              return;
+            }
             for (auto* x : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end()))
               x->wake();
           },
@@ -376,6 +391,16 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (opts_.fence || opts_.fair) {
       script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
     }
+    if (!opts_.fair && opts_.wait.count() > 0) {
+      // A default-mode wait goes through acquire.lua from the first attempt:
+      // a busy reply puts it in the line in the same step, so no release can
+      // come between the two unseen. Its id is its first token (a discarded
+      // grant changes the token, not the place).
+      if (script_keys_.empty())
+        script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
+      script_keys_.push_back(k.waiters_key(resource_));
+      waiter_id_ = token_;
+    }
     if (opts_.fair) {
       // What a release needs to hand us the lock: our TTL, whether we want a
       // fence, where to tell us, and who we are (release.lua parses it).
@@ -387,6 +412,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
   void wake() override { run(m_.release_message(clock_.now())); }
   void on_grant(std::optional<std::int64_t> fence) override { run(m_.grant_message(clock_.now(), fence)); }
+  const std::string& waiter_id() const noexcept override { return waiter_id_; }
 
  private:
   static std::uint64_t seed() {
@@ -572,12 +598,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      entry_,
-                                     ticket_->evicted};
+                                     ticket_->evicted,
+                                     waiter_id_,
+                                     arrival_};
     svc_->client().async_eval_confirmed(
         script_acquire(), script_keys_, std::move(args), confirm(),
         [self](std::error_code ec, redis::Reply r, redis::Confirmation c) {
           if (ec) return self->failed(ec, std::move(r.str));
-          if (!r.is_array() || r.elements.size() != 2 || !r.elements[0].is_integer())
+          if (!r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer())
             return self->failed(make_error_code(errc::protocol_error),
                                 "unexpected reply to the acquire script: " + to_debug_string(r));
           if (r.elements[0].integer == -1) {
@@ -590,6 +618,12 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
             std::optional<std::int64_t> fence;
             if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
             return self->granted_reply(fence, c);
+          }
+          // In the line: the arrival it was given keeps its place if a
+          // release wakes it and a newcomer wins the race.
+          if (r.elements.size() > 2 && r.elements[2].is_string()) {
+            self->arrival_ = r.elements[2].str;
+            self->m_.in_line();
           }
           self->busy();
         });
@@ -635,8 +669,15 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
         });
   }
 
+  void leave_line() {
+    svc_->client().async_exec(redis::Command{"ZREM", script_keys_.back(), waiter_id_},
+                              [](std::error_code, redis::Reply) {});
+    arrival_.clear();
+  }
+
   void complete_failed() {
     if (timer_) timer_->cancel();
+    if (!arrival_.empty()) leave_line();
     auto done = std::move(done_);
     metrics_->redis_errors_total.inc();
     done(redis::to_error(ec_, redis::Reply::error_reply(std::move(detail_)), svc_->client().address(),
@@ -648,6 +689,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (a.result == Machine::Result::granted && confirmation_.replicas > 0 && !confirmed_)
       return confirm_then_complete(a);
     if (timer_) timer_->cancel();
+    // Gave up, failed or was cancelled in line: leave it, or the next release
+    // wakes nobody and the next waiter waits out its own backoff.
+    if (a.result != Machine::Result::granted && !arrival_.empty()) leave_line();
     auto done = std::move(done_);
     if (a.result == Machine::Result::failed) {
       metrics_->redis_errors_total.inc();
@@ -681,6 +725,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   std::optional<asio::steady_timer> timer_;
   std::uint64_t timer_gen_ = 0;
   std::string key_, token_, channel_, entry_;
+  std::string waiter_id_, arrival_;  // default-mode wait: its place in the line (acquire.lua)
   std::vector<std::string> script_keys_;
   MonotonicClock::time_point started_, sent_at_;
   observe::LockClassMetrics* metrics_ = nullptr;

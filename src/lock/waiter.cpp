@@ -22,7 +22,7 @@ std::uint64_t WaiterMachine::next_random() noexcept {
 
 WaiterMachine::ms WaiterMachine::backoff() {
   long long lo = 0, hi = 0;
-  if (c_.fair) {
+  if (c_.fair || in_line_) {
     // A queued fair waiter is handed the lock by the release that reaches it;
     // its attempts only refresh its place (the waiter lease is at least five
     // backoff maxima) and notice a holder that expired without a release.

@@ -120,6 +120,12 @@ class WaiterMachine {
   // attempt in flight it ends on its reply (a grant is then handed back).
   Actions cancel(time_point now);
 
+  // A default-mode waiter is in the server's line (acquire.lua put it there):
+  // the release that reaches it wakes it by name, so like a fair waiter it
+  // polls only to notice a holder that expired without a release. Polling
+  // faster would let it take the lock from the woken waiter ahead of it.
+  void in_line() noexcept { in_line_ = true; }
+
   bool done() const noexcept { return phase_ == Phase::done; }
   // An attempt found the lock busy (metrics: contended acquires).
   bool saw_busy() const noexcept { return saw_busy_; }
@@ -151,6 +157,7 @@ class WaiterMachine {
   Phase phase_ = Phase::idle;
   time_point deadline_{}, sent_at_{}, last_busy_sent_{};
   int tries_ = 0;
+  bool in_line_ = false;
   // A grant message arrived while the attempt in flight was on the wire: that
   // attempt ran either before the grant (busy: its send time is a safe start
   // of our TTL) or after it (granted). Either way we wait for its reply, so

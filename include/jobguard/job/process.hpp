@@ -3,25 +3,28 @@
 // whatever kills it (SIGKILL included). Use job::Supervisor; this class has no
 // policy (no timeouts, no leases, no signal forwarding of its own).
 //
-// The group: a small guardian (/bin/sh running `read _; kill -KILL 0`),
-// spawned before CMD with every signal blocked, leads a new process group and
-// CMD is spawned into it. The guardian holds the read end of a pipe whose
-// only write end is ours and reads until EOF. EOF comes when this process exits or
-// is killed, or when the Process ends; the guardian then SIGKILLs its group
-// (CMD, everything CMD started that stayed in the group, and itself). Because
-// the guardian is a live member of the group until that moment, the group id
-// cannot be reused by an unrelated group while it matters. What it cannot
-// cover: a process that leaves the group (setsid, setpgid) and a SIGSTOPped
-// guardian (docs/lock-safety.md, "Supervision").
+// The group: CMD is spawned (posix_spawnp: vfork + exec) as the leader of a
+// new process group. One guardian per process serves every CMD: forked once,
+// at the first CMD, in its own session with every signal blocked, it holds
+// one end of a socket pair whose other end only this process holds, and is
+// told each group when it starts and again when it ends. At EOF — this
+// process exited or was killed, SIGKILL included — it SIGKILLs every group it
+// still lists. When CMD exits, the Process kills its group (whatever CMD left
+// in it) before it reaps CMD: until the reap the group id cannot be reused,
+// so neither the Process nor the guardian can ever signal a stranger's group.
+// What it cannot cover: a process that leaves the group (setsid, setpgid), a
+// SIGSTOPped or SIGKILLed guardian, and a jobguard killed in the moment
+// between the spawn and telling the guardian (docs/lock-safety.md,
+// "Supervision").
 //
 // Exit, stop and continue of CMD are reported on an Asio executor without
-// blocking the loop: a pidfd (Linux >= 5.3) and SIGCHLD + waitpid(WNOHANG |
-// WUNTRACED | WCONTINUED).
+// blocking the loop: a pidfd (Linux >= 5.3) for the exit and SIGCHLD +
+// waitid(WSTOPPED | WCONTINUED) for the rest.
 //
 // Threads: construct, call and destroy a Process on the thread that runs its
 // executor (one io_context run by one thread); callbacks run there too.
-// Ownership: the Process owns CMD and the guardian; destroying it while CMD
-// runs SIGKILLs the group and reaps both.
+// Ownership: the Process owns CMD; destroying it while CMD runs SIGKILLs the
+// group and reaps CMD.
 #pragma once
 
 #include <sys/types.h>
@@ -70,13 +73,15 @@ class Process {
   // CMD (its group leader) stopped (`stopped`, with the stop signal) or continued.
   using StopHandler = std::function<void(bool stopped, int signal)>;
 
-  // Starts the guardian, then CMD (posix_spawnp) in the guardian's group. CMD
+  // Starts CMD (posix_spawnp) in a new group of its own, and the process's
+  // guardian if it has none yet. CMD
   // gets default dispositions for every signal jobguard may catch or ignore
   // (SIGPIPE included) and an empty signal mask, whatever its parent had.
   // Other file descriptors are inherited as with flock(1).
   // Throws std::system_error with the errno of the failed exec (ENOENT: not
-  // found, EACCES: not executable) or of the failed fork/pipe/tcsetpgrp,
-  // naming the command; and jobguard::Error(invalid_argument) for an empty
+  // found, EACCES: not executable) or of the failed spawn or terminal hand-over,
+  // naming the command (or "starting the process-group guardian" when no
+  // guardian could be started); and jobguard::Error(invalid_argument) for an empty
   // argv. `on_exit` runs once on `ex` when CMD has exited and its group has
   // been killed (nothing CMD left in it survives the report).
   Process(boost::asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit,
@@ -86,7 +91,7 @@ class Process {
   Process& operator=(const Process&) = delete;
 
   pid_t pid() const noexcept;
-  // The process group (the guardian's pid; CMD and its descendants are in it).
+  // The process group: CMD's pid (CMD leads it; its descendants are in it).
   pid_t pgid() const noexcept;
   bool running() const noexcept;
   bool stopped() const noexcept;

@@ -5,9 +5,9 @@
 // the grace), notices a CMD stopped by a signal, and reports one outcome.
 //
 // Many Supervisors may run at once on one executor (no thread of their own,
-// no global state but signal dispositions: constructing one makes the process
-// ignore SIGPIPE, once, so that writing to a closed pipe cannot kill jobguard
-// and orphan CMD).
+// no global state but signal dispositions and the process's one guardian:
+// constructing one makes the process ignore SIGPIPE, once, so that writing to
+// a closed pipe cannot kill jobguard and orphan CMD).
 //
 // Threads: construct, call and destroy on the thread that runs the executor
 // (one io_context, one thread); the handlers run there. remote_stop() returns

@@ -1,11 +1,15 @@
 -- Grant a lock, optionally with a fencing token and FIFO fairness, atomically.
--- KEYS: 1 lock, 2 fence counter, 3 fair queue (list), 4 fair queue expiries (zset)
+-- KEYS: 1 lock, 2 fence counter, 3 fair queue (list), 4 fair queue expiries (zset),
+--       5 default-mode waiters by arrival (zset; only for a default-mode wait)
 -- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 fair 0|1, 5 enqueue-if-busy 0|1,
 --       6 waiter lease ms, 7 fair queue entry ("<ttl> <fence> <grant channel> <token>"),
 --       8 on a server that evicts keys: the evicted_keys count its lock-state
---         record was checked at ('' elsewhere)
--- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy,
--- {-1, evicted_keys} when keys were evicted since that check.
+--         record was checked at ('' elsewhere),
+--       9 default mode: the waiter's id in KEYS[5] ('' = not a waiter),
+--       10 its arrival (µs, server clock) from an earlier busy reply ('' = now)
+-- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy
+-- ({0, pttl, arrival} for a default-mode waiter), {-1, evicted_keys} when
+-- keys were evicted since that check.
 if ARGV[8] and ARGV[8] ~= '' then
   -- Redis evicts before it runs a command, never inside a script: a count
   -- equal to the checked one means no lock key vanished since the check
@@ -16,6 +20,8 @@ end
 local token = ARGV[1]
 local fair = ARGV[4] == '1'
 local entry = ARGV[7]
+local waiter = (not fair and KEYS[5] and ARGV[9]) or ''
+
 -- The server's clock, read only where it is used (the fair queue's expiries,
 -- the fence's floor): each redis.call is a good part of a grant's cost.
 local t, now_ms
@@ -64,6 +70,8 @@ if fair then
 else
   -- Check and set in one call.
   free = redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) ~= false
+  -- A default-mode waiter that won (woken, or its own timer) leaves the line.
+  if free and waiter ~= '' then redis.call('ZREM', KEYS[5], waiter) end
 end
 
 if free then
@@ -87,5 +95,18 @@ if fair and ARGV[5] == '1' then
   redis.call('ZADD', KEYS[4], now_ms + lease, entry)
   redis.call('PEXPIRE', KEYS[3], lease * 2)
   redis.call('PEXPIRE', KEYS[4], lease * 2)
+end
+if waiter ~= '' and ARGV[5] == '1' then
+  -- In line by arrival, kept across attempts (NX): a woken waiter that lost
+  -- the race to a newcomer is back at the front with its first arrival, so
+  -- release.lua wakes it again next, not the newcomer.
+  local arrival = ARGV[10]
+  if not arrival or arrival == '' then
+    local tt = t or redis.call('TIME')
+    arrival = string.format('%d', tonumber(tt[1]) * 1000000 + tonumber(tt[2]))
+  end
+  redis.call('ZADD', KEYS[5], 'NX', arrival, waiter)
+  redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[6]) * 2)
+  return {0, redis.call('PTTL', KEYS[1]), arrival}
 end
 return {0, redis.call('PTTL', KEYS[1])}

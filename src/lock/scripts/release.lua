@@ -1,13 +1,14 @@
 -- Compare-and-delete: only the holder's token may delete the lock, so a
 -- worker whose lock expired cannot delete the next holder's lock.
--- KEYS: 1 lock; for a fair lock also 2 queue, 3 queue expiries, 4 fence counter.
+-- KEYS: 1 lock; for a fair lock also 2 queue, 3 queue expiries, 4 fence
+--       counter; for a default-mode lock 2 its waiters by arrival (zset).
 -- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource;
 --       4 '1' on a Redis Cluster: SPUBLISH (sharded; the channels share the
 --         lock's hash tag, so they live on this shard), else PUBLISH.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
 
-if KEYS[2] then
+if KEYS[4] then
   -- Fair: hand the lock straight to the live head of the queue, so the next
   -- holder starts on this message instead of one more round trip. Each entry
   -- is "<ttl> <fence 0|1> <grant channel> <token>"; the grant channel belongs
@@ -45,6 +46,18 @@ if KEYS[2] then
 end
 
 redis.call('DEL', KEYS[1])
--- Wake plain waiters now instead of at their next backoff.
+if KEYS[2] and not KEYS[4] then
+  -- Default mode: wake the waiter that has waited longest, not the herd. The
+  -- lock is left free (no reservation: that is the fair mode), so a newcomer
+  -- may still take it first; the woken waiter is then back in line at its
+  -- first arrival (acquire.lua). "wake <id>": a token holds no space, so no
+  -- listener takes it for the herd message below. An entry whose waiter has
+  -- died wakes nobody: the next waiter's own backoff takes the lock.
+  local w = redis.call('ZPOPMIN', KEYS[2])
+  if w[1] then redis.call(publish, ARGV[2], 'wake ' .. w[1]) end
+  return 1
+end
+-- Wake every plain waiter now instead of at their next backoff (the call
+-- without the waiters key: composed finishes, earlier clients).
 redis.call(publish, ARGV[2], ARGV[1])
 return 1

@@ -1,5 +1,5 @@
 // job::Supervisor with real child processes: several CMDs on one loop, each
-// outcome, the guardian that kills CMD's group when its owner dies.
+// outcome, the one guardian that kills every CMD's group when its owner dies.
 #include "jobguard/job/supervisor.hpp"
 
 #include <gtest/gtest.h>
@@ -11,10 +11,14 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "job/group_guardian.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/subprocess.hpp"
 
@@ -70,8 +74,14 @@ TEST_F(SupervisorTest, SeveralChildrenOnOneLoopEachGetTheirOwnOutcome) {
   Supervisor c(ctx.get_executor(), stubborn, [&](const CmdOutcome& o) { lost = o; });
   Supervisor d(ctx.get_executor(), stops_itself, [&](const CmdOutcome& o) { stopped = o; });
   Supervisor e(ctx.get_executor(), nowhere, [&](const CmdOutcome& o) { missing = o; });
-  EXPECT_NE(a.pgid(), a.pid()) << "the guardian leads CMD's group";
+  EXPECT_EQ(a.pgid(), a.pid()) << "CMD leads its own group";
   EXPECT_NE(a.pgid(), b.pgid());
+  // One guardian for all of them, in no CMD's group (its own session): a
+  // signal to a group, or to ours, must not take it away.
+  const pid_t guardian = job::detail::guardian_pid();
+  ASSERT_GT(guardian, 0);
+  EXPECT_EQ(::getsid(guardian), guardian);
+  for (auto* s : {&a, &b, &c, &d}) EXPECT_NE(::getpgid(guardian), s->pgid());
   c.stop(Ending::lease_lost, "lease on k lost");
   run_until(ctx, [&] { return exited && timed_out && lost && stopped && missing; });
 
@@ -88,7 +98,9 @@ TEST_F(SupervisorTest, SeveralChildrenOnOneLoopEachGetTheirOwnOutcome) {
   EXPECT_EQ(missing->ending, Ending::failed_to_start);
   EXPECT_EQ(missing->error, ENOENT);
   EXPECT_NE(missing->detail.find("/nonexistent/jobguard-test-cmd"), std::string::npos) << missing->detail;
-  for (auto* s : {&a, &b, &c, &d}) EXPECT_TRUE(process_gone(s->pgid())) << "guardian " << s->pgid();
+  for (auto* s : {&a, &b, &c, &d}) EXPECT_TRUE(process_gone(s->pgid())) << "CMD " << s->pgid();
+  EXPECT_EQ(job::detail::guardian_pid(), guardian) << "the same guardian serves the next CMD";
+  EXPECT_FALSE(process_gone(guardian));
 }
 
 TEST_F(SupervisorTest, ForwardedSignalReachesTheGroupAndEscalates) {
@@ -199,26 +211,97 @@ TEST_F(SupervisorTest, EnvironmentWithholdsUrlsAndPasswords) {
 }
 
 // The guarantee at its root: the owner dies of SIGKILL (no destructor, no
-// handler runs) and the guardian still kills CMD's whole group.
-TEST_F(SupervisorTest, GuardianKillsTheGroupWhenTheOwnerIsKilled) {
+// handler runs) and the guardian still kills every CMD's whole group. The
+// owner is a fork of this test process, which may have a guardian of its own
+// already: the fork must start its own (this one would never see EOF).
+TEST_F(SupervisorTest, GuardianKillsEveryGroupWhenTheOwnerIsKilled) {
+  const pid_t ours = job::detail::guardian_pid();
   const auto pidfile = file("pid");
   const pid_t owner = ::fork();
   ASSERT_GE(owner, 0);
   if (owner == 0) {
     asio::io_context ctx;
-    Supervisor s(ctx.get_executor(),
-                 sh("sleep 300 & echo $! > \"$0.bg\"; echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; wait", {pidfile}),
-                 [](const CmdOutcome&) {});
+    std::vector<std::unique_ptr<Supervisor>> all;
+    for (int i = 0; i < 3; ++i) {
+      const auto f = pidfile + std::to_string(i);
+      all.push_back(std::make_unique<Supervisor>(
+          ctx.get_executor(), sh("sleep 300 & echo $! > \"$0.bg\"; echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; wait", {f}),
+          [](const CmdOutcome&) {}));
+    }
+    {
+      std::ofstream g(pidfile + ".g.tmp");
+      g << job::detail::guardian_pid();
+    }
+    std::filesystem::rename(pidfile + ".g.tmp", pidfile + ".g");
     ctx.run();
     ::_exit(0);
   }
-  ASSERT_TRUE(eventually([&] { return !read_file(pidfile).empty(); }, 10s));
-  const pid_t cmd = std::stoi(read_file(pidfile)), bg = std::stoi(read_file(pidfile + ".bg"));
+  std::vector<pid_t> cmds, bgs;
+  for (int i = 0; i < 3; ++i) {
+    const auto f = pidfile + std::to_string(i);
+    ASSERT_TRUE(eventually([&] { return !read_file(f).empty() && !read_file(f + ".bg").empty(); }, 10s));
+    cmds.push_back(std::stoi(read_file(f)));
+    bgs.push_back(std::stoi(read_file(f + ".bg")));
+  }
+  ASSERT_TRUE(eventually([&] { return !read_file(pidfile + ".g").empty(); }, 10s));
+  const pid_t theirs = std::stoi(read_file(pidfile + ".g"));
+  EXPECT_GT(theirs, 0);
+  EXPECT_NE(theirs, ours) << "the fork started a guardian of its own";
   ::kill(owner, SIGKILL);
   int st = 0;
   ASSERT_EQ(::waitpid(owner, &st, 0), owner);
-  EXPECT_TRUE(eventually([&] { return process_gone(cmd); }, 10s)) << "CMD " << cmd << " outlived its owner";
-  EXPECT_TRUE(eventually([&] { return process_gone(bg); }, 10s)) << "grandchild " << bg << " outlived its owner";
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(eventually([&] { return process_gone(cmds[i]); }, 10s)) << "CMD " << cmds[i] << " outlived its owner";
+    EXPECT_TRUE(eventually([&] { return process_gone(bgs[i]); }, 10s)) << "grandchild " << bgs[i] << " outlived its owner";
+  }
+  EXPECT_TRUE(eventually([&] { return process_gone(theirs); }, 10s)) << "the guardian outlived its duty";
+  if (ours > 0) {
+    EXPECT_FALSE(process_gone(ours)) << "the test process's own guardian was not theirs to end";
+  }
+}
+
+// A guardian that was killed is replaced at the next CMD, and the groups it
+// listed are listed with the new one: the owner's death then still kills the
+// CMD that started before the replacement.
+TEST_F(SupervisorTest, AKilledGuardianIsReplacedWithEveryLiveGroup) {
+  const auto pidfile = file("pid");
+  const pid_t owner = ::fork();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {
+    asio::io_context ctx;
+    auto script = sh("sleep 300 & echo $! > \"$0.bg\"; echo $$ > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; wait", {pidfile + "a"});
+    Supervisor first(ctx.get_executor(), script, [](const CmdOutcome&) {});
+    const pid_t g1 = job::detail::guardian_pid();
+    ::kill(g1, SIGKILL);
+    // Its end closes as it dies (a zombie until the replacement reaps it).
+    while (!process_gone(g1)) std::this_thread::sleep_for(1ms);
+    script.argv.back() = pidfile + "b";
+    Supervisor second(ctx.get_executor(), script, [](const CmdOutcome&) {});
+    {
+      std::ofstream g(pidfile + ".g.tmp");
+      g << g1 << ' ' << job::detail::guardian_pid();
+    }
+    std::filesystem::rename(pidfile + ".g.tmp", pidfile + ".g");
+    ctx.run();
+    ::_exit(0);
+  }
+  ASSERT_TRUE(eventually([&] { return !read_file(pidfile + ".g").empty(); }, 10s));
+  pid_t g1 = -1, g2 = -1;
+  std::istringstream(read_file(pidfile + ".g")) >> g1 >> g2;
+  EXPECT_GT(g2, 0);
+  EXPECT_NE(g1, g2);
+  std::vector<pid_t> procs;
+  for (const char* n : {"a", "b"}) {
+    const auto f = pidfile + n;
+    ASSERT_TRUE(eventually([&] { return !read_file(f).empty() && !read_file(f + ".bg").empty(); }, 10s));
+    procs.push_back(std::stoi(read_file(f)));
+    procs.push_back(std::stoi(read_file(f + ".bg")));
+  }
+  ::kill(owner, SIGKILL);
+  int st = 0;
+  ASSERT_EQ(::waitpid(owner, &st, 0), owner);
+  for (const pid_t p : procs) EXPECT_TRUE(eventually([&] { return process_gone(p); }, 10s)) << p << " outlived its owner";
+  EXPECT_TRUE(eventually([&] { return process_gone(g2); }, 10s));
 }
 
 }  // namespace

@@ -175,6 +175,141 @@ TEST_F(LockTest, LostNotificationCostsOneBackoffNotAHang) {
   EXPECT_TRUE(b.has_value());
 }
 
+// Default mode: a release wakes the waiter that has waited longest, not the
+// herd (release.lua, acquire.lua). Waiters in three services (three clients,
+// as three processes would be), in line one after the other, with backoffs
+// so long that only a wake message can reach them in time: each release
+// grants the next one in the line's order, and the others sleep on in line.
+TEST_F(LockTest, DefaultModeReleaseWakesTheLongestWaitingWaiterOnly) {
+  const std::string r = resource("line");
+  const std::string line = svc->keys().waiters_key(r);
+  auto a = svc->acquire(r);
+  ASSERT_TRUE(a);
+  const LockOptions slow{.ttl = 10s, .wait = 20s, .backoff_min = 10s, .backoff_max = 10s};
+  std::vector<std::unique_ptr<redis::Client>> clients;
+  std::vector<std::shared_ptr<LockService>> services;
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::optional<Lock>> held(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(make_client());
+    services.push_back(LockService::create(*clients.back()));
+    threads.emplace_back([&, i] {
+      auto l = services[i]->acquire(r, slow);
+      std::lock_guard g(mu);
+      order.push_back(i);
+      held[i] = std::move(l);
+    });
+    // In line before the next one comes.
+    ASSERT_TRUE(eventually([&] { return admin("ZCARD " + line) == std::to_string(i + 1); }, 5s));
+  }
+  // The line's order, reversed by hand: Redis hands a message to a channel's
+  // subscribers in the order they subscribed, so a herd would be granted in
+  // arrival order too; the reversed line tells the two apart.
+  auto in_line = client->exec(redis::Command{"ZRANGE", line, "0", "-1", "WITHSCORES"});
+  ASSERT_TRUE(in_line.is_array() && in_line.elements.size() == 6);
+  client->exec(redis::Command{"ZADD", line, "XX", in_line.elements[1].str, in_line.elements[4].str,
+                              in_line.elements[5].str, in_line.elements[0].str});
+  auto granted = [&] {
+    std::lock_guard g(mu);
+    return order.size();
+  };
+  ASSERT_TRUE(a->release());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(eventually([&] { return granted() == static_cast<std::size_t>(i + 1); }, 5s))
+        << "release " << i << " woke nobody in time";
+    // Nobody else woke and won meanwhile; the rest are still in line.
+    std::this_thread::sleep_for(100ms);
+    EXPECT_EQ(granted(), static_cast<std::size_t>(i + 1));
+    EXPECT_EQ(admin("ZCARD " + line), std::to_string(2 - i));
+    std::lock_guard g(mu);
+    ASSERT_TRUE(held[order.back()]);
+    ASSERT_TRUE(held[order.back()]->release());
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(order, (std::vector<int>{2, 1, 0}));
+  // A Lock shares its service, and a service must go before its client.
+  held.clear();
+  services.clear();
+  clients.clear();
+}
+
+// Woken, but a newcomer took the free lock first: the woken waiter is back
+// at the front of the line at its first arrival, so the next release wakes
+// it again (not the waiter behind it, nor the newcomer).
+TEST_F(LockTest, AWokenWaiterThatLosesTheRaceKeepsItsPlace) {
+  const std::string r = resource("race");
+  const std::string line = svc->keys().waiters_key(r);
+  auto a = svc->acquire(r);
+  ASSERT_TRUE(a);
+  const LockOptions slow{.ttl = 10s, .wait = 20s, .backoff_min = 10s, .backoff_max = 10s};
+  std::atomic<int> first{-1};
+  std::optional<Lock> lb, lc;
+  std::thread tb([&] {
+    lb = svc->acquire(r, slow);
+    int none = -1;
+    first.compare_exchange_strong(none, 1);
+  });
+  ASSERT_TRUE(eventually([&] { return admin("ZCARD " + line) == "1"; }, 5s));
+  std::thread tc([&] {
+    lc = svc->acquire(r, slow);
+    int none = -1;
+    first.compare_exchange_strong(none, 2);
+  });
+  ASSERT_TRUE(eventually([&] { return admin("ZCARD " + line) == "2"; }, 5s));
+  auto head = client->exec(redis::Command{"ZRANGE", line, "0", "0", "WITHSCORES"});
+  ASSERT_TRUE(head.is_array() && head.elements.size() == 2);
+  const std::string b_id = head.elements[0].str, b_arrival = head.elements[1].str;
+  // The release and the newcomer, by hand, in one step: the lock passes to a
+  // stranger and B is woken to find it busy.
+  a->detach();
+  client->exec(redis::Command{"SET", a->key(), "stranger#1", "PX", "10000"});
+  client->exec(redis::Command{"ZPOPMIN", line});
+  client->exec(redis::Command{"PUBLISH", svc->keys().channel(r), "wake " + b_id});
+  ASSERT_TRUE(eventually([&] { return admin("ZSCORE " + line + " " + b_id) == b_arrival; }, 5s))
+      << "the woken waiter did not come back to its place";
+  EXPECT_EQ(first.load(), -1);
+  // The stranger's release wakes the head of the line: B again.
+  bool released = false;
+  std::promise<void> done;
+  svc->async_release(r, "stranger#1", [&](const Error&, bool ours) {
+    released = ours;
+    done.set_value();
+  });
+  done.get_future().wait();
+  EXPECT_TRUE(released);
+  ASSERT_TRUE(eventually([&] { return first.load() != -1; }, 5s));
+  EXPECT_EQ(first.load(), 1) << "the release woke the waiter behind the one that lost the race";
+  tb.join();
+  ASSERT_TRUE(lb);
+  ASSERT_TRUE(lb->release());
+  tc.join();
+  ASSERT_TRUE(lc);
+  EXPECT_TRUE(lc->release());
+}
+
+// A waiter that gives up leaves the line (or the next release would wake
+// nobody); a dead waiter's place (it cannot leave) costs the next waiter one
+// poll, not its wait.
+TEST_F(LockTest, AWaiterThatGivesUpLeavesTheLineAndADeadOnesPlaceCostsOnePoll) {
+  const std::string r = resource("leave");
+  const std::string line = svc->keys().waiters_key(r);
+  auto a = svc->acquire(r);
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(svc->acquire(r, LockOptions{.wait = 300ms}));
+  EXPECT_TRUE(eventually([&] { return admin("ZCARD " + line) == "0"; }, 5s)) << "the waiter that gave up is still in line";
+  admin("ZADD " + line + " 1 dead-waiter#0");
+  std::optional<Lock> b;
+  std::thread t([&] { b = svc->acquire(r, LockOptions{.wait = 20s, .backoff_min = 50ms, .backoff_max = 300ms}); });
+  ASSERT_TRUE(eventually([&] { return admin("ZCARD " + line) == "2"; }, 5s));
+  ASSERT_TRUE(a->release());  // wakes the dead waiter, who never comes
+  t.join();
+  ASSERT_TRUE(b) << "the waiter behind a dead one never got the lock";
+  EXPECT_EQ(admin("ZCARD " + line), "0");
+  EXPECT_TRUE(b->release());
+}
+
 TEST_F(LockTest, FairModeHandsOffInArrivalOrder) {
   const std::string r = resource("fair");
   LockOptions fair{.ttl = 10s, .wait = 10s, .fair = true};

@@ -315,6 +315,32 @@ TEST(WaiterMachine, AQueuedFairWaiterOnlyRefreshesItsPlaceEveryHalfToFullBackoff
   }
 }
 
+// A default-mode waiter the server put in line is woken by name when its
+// turn comes: like a queued fair waiter it polls only every half to full
+// backoff_max (a faster poll would take the lock from the waiter woken
+// ahead of it), and a release message still wakes it at once.
+TEST(WaiterMachine, APlainWaiterInLinePollsLikeAQueuedFairWaiterAndIsWokenAtOnce) {
+  for (std::uint64_t seed = 0; seed < 100; ++seed) {
+    WaiterMachine m = machine(plain(1h), seed);
+    EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
+    m.sent(t0 + 1ms);
+    m.in_line();
+    EXPECT_EQ(kinds(m.reply(t0 + 2ms, Reply::busy)), V{"subscribe"});
+    auto a = m.subscribed(t0 + 2ms, Heard::yes);
+    T now = t0 + 2ms;
+    for (int n = 0; n < 5; ++n) {
+      ASSERT_EQ(kinds(a), V{"arm_timer"});
+      EXPECT_GE(a[0].at - now, 100ms) << seed;
+      EXPECT_LE(a[0].at - now, 200ms) << seed;
+      now = a[0].at;
+      m.timer_fired(now);
+      m.sent(now);
+      a = m.reply(now, Reply::busy);
+    }
+    EXPECT_EQ(kinds(m.release_message(now + 1ms)), (V{"cancel_timer", "send_attempt"}));
+  }
+}
+
 TEST(WaiterMachine, FairReleaseHandsTheLockToTheQueueHeadWithTheTtlFromItsLastBusyAttempt) {
   // FairReleaseHandsTheLockToTheQueueHead / FairGrantCarriesAFreshFence: the
   // grant ran after our last busy attempt was sent, so that send time is a
