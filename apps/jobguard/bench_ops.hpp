@@ -122,6 +122,12 @@ class Runner {
   std::string channel_for(const std::string& resource) const { return keys_.channel(resource); }
   std::thread loop_;
   bool connected_ = false;
+  // A Redis Cluster: the raw release publishes as the lock's does (SPUBLISH,
+  // release.lua's ARGV[4]), and every node has the script loaded.
+  bool cluster_ = false;
+  // The raw half's release: the lock's release script sent by hand, on a
+  // cluster with the sharded-publish flag the lock's release passes there.
+  redis::Command raw_release(const std::string& key, const std::string& token, const std::string& resource) const;
   std::uint64_t generation_ = 0;  // distinct keys across phases
 };
 

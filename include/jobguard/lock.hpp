@@ -45,6 +45,8 @@ class Registry;
 //                                    release wakes the longest-waiting one
 //   <prefix>:released:{invoice:48291} the pub/sub channel for releases
 //   <prefix>:grant:<random>          a LockService's channel for fair handoffs
+//   <prefix>:grant:{invoice:48291}:<random>  the same on a Redis Cluster, one per
+//                                    fair resource (sharded pub/sub: in the lock's slot)
 class KeyBuilder {
  public:
   // Throws Error(invalid_argument) on an empty prefix or one containing

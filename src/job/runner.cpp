@@ -675,7 +675,8 @@ awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& ru
   std::vector<std::string> keys{fused_->completions->key_for(cls_.name, a.resource, run_id), a.lock->key()};
   if (idem_ok) keys.push_back(fused_->idempotency->key_for(step_idempotency_key(cls_.name, a.resource, run_id)));
   std::vector<std::string> args{a.lock->token(), svc.keys().channel(a.resource), b_.worker, result,
-                                fused_->record_retention, owner, fused_->idem_retention};
+                                fused_->record_retention, owner, fused_->idem_retention,
+                                svc.client().options().cluster ? "1" : ""};
   redis::Reply reply;
   try {
     reply = co_await await_done<redis::Reply>([&](auto done) {

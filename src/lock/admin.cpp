@@ -158,7 +158,8 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
   auto f = p.get_future();
   std::vector<std::string> script_keys = {keys.lock_key(resource), keys.fence_key(resource), audit_key(keys)};
   std::vector<std::string> args = {who, opts.reason, std::string(resource), std::to_string(opts.audit_maxlen),
-                                   keys.channel(resource), opts.expect_holder};
+                                   keys.channel(resource), opts.expect_holder,
+                                   service.client().options().cluster ? "1" : ""};
   service.client().async_eval_confirmed(
       force_release_script(), std::move(script_keys), std::move(args), wanted,
       [&p, address = service.client().address(), what = fmt::format("force release of {}", resource)](

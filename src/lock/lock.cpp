@@ -90,16 +90,26 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
     if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
     done(Error(), r.is_integer() && r.integer == 1);
   };
+  // On a cluster the waiters listen with SSUBSCRIBE, which only SPUBLISH
+  // reaches (release.lua's ARGV[4]).
+  const bool sharded = client.options().cluster;
   if (fair) {
     // Same hash slot for all four keys; a plain lock does not pay for them.
     const std::string queue = keys.queue_key(resource), qexp = keys.queue_expiry_key(resource),
                       fence = keys.fence_key(resource);
-    client.async_eval_views(lock_release_script(), {key, queue, qexp, fence}, {token, channel, resource},
-                            std::move(on_reply));
+    if (sharded)
+      client.async_eval_views(lock_release_script(), {key, queue, qexp, fence}, {token, channel, resource, "1"},
+                              std::move(on_reply));
+    else
+      client.async_eval_views(lock_release_script(), {key, queue, qexp, fence}, {token, channel, resource},
+                              std::move(on_reply));
   } else {
     // With its waiters' line, so the release wakes the longest-waiting one.
     const std::string waiters = keys.waiters_key(resource);
-    client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel}, std::move(on_reply));
+    if (sharded)
+      client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel, "", "1"}, std::move(on_reply));
+    else
+      client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel}, std::move(on_reply));
   }
 }
 
@@ -131,18 +141,31 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   // channel, where a release names the waiter it handed the lock to. The
   // grant channel stays for the service's life, so a worker looping on a fair
   // lock does not SUBSCRIBE, UNSUBSCRIBE and try a second time around every wait.
+  //
+  // On a cluster (sharded pub/sub) a release can only SPUBLISH to a channel
+  // in its own slot, so a service has a grant channel per fair resource it
+  // waits on, with the resource's hash tag (grant_channel_for). Each is kept
+  // while it has waiters and for `linger_until` after the last one left: a
+  // waiter that gave up may still be handed the lock for as long as its queue
+  // place lives, and the service passes such a grant on only while it hears it.
   struct Channel {
     redis::Subscriber::Id id = 0;
     std::unordered_set<WaiterBase*> waiters;
     bool ready = false;
+    bool grants = false;                    // a grant channel (fair waiters)
     MonotonicClock::time_point ready_at{};  // when the loop saw the server's confirmation
+    MonotonicClock::time_point linger_until{};  // cluster grant channel without waiters: dropped after
   };
 
   // What a waiter that just registered must do to be sure it hears the release.
   using Heard = detail::WaiterMachine::Heard;
 
   Impl(redis::Client& c, KeyBuilder k, const MonotonicClock& clk)
-      : client(c), clock(clk), keys(std::move(k)), grant_channel(grant_channel_name(keys)) {}
+      : client(c),
+        clock(clk),
+        keys(std::move(k)),
+        grant_channel(grant_channel_name(keys)),
+        sharded(c.options().cluster) {}
 
   // The client outlives the service and so every handler that finds us alive.
   redis::Client& client;
@@ -150,6 +173,16 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   const MonotonicClock& clock;
   const KeyBuilder keys;
   const std::string grant_channel;
+  const bool sharded;  // a Redis Cluster: sharded pub/sub
+
+  // Where a release tells a fair waiter of ours on `resource` that it has the
+  // lock. On a cluster "<prefix>:grant:{resource}:<id>", in the lock's slot.
+  std::string grant_channel_for(const std::string& resource) const {
+    if (!sharded) return grant_channel;
+    std::string c = keys.prefix();
+    c.append(":grant:{").append(resource).append("}:").append(grant_channel, grant_channel.rfind(':') + 1);
+    return c;
+  }
 
   std::unique_ptr<redis::Subscriber> subscriber;  // made on first wait; loop thread only
   mutable std::mutex sub_error_mu;
@@ -191,6 +224,17 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
           for (auto* w : std::vector<WaiterBase*>(ch.waiters.begin(), ch.waiters.end())) w->wake();
         }
       });
+      // On a cluster each channel's node comes and goes on its own: the same,
+      // for the one channel that is back (lost meanwhile: its slot moved, its
+      // node's connection broke).
+      subscriber->set_on_resubscribed([weak = weak_from_this()](const std::string& channel) {
+        auto self = weak.lock();
+        if (!self) return;
+        auto it = self->channels.find(channel);
+        if (it == self->channels.end()) return;
+        if (it->second.ready) it->second.ready_at = self->clock.now();
+        for (auto* w : std::vector<WaiterBase*>(it->second.waiters.begin(), it->second.waiters.end())) w->wake();
+      });
     }
     return *subscriber;
   }
@@ -231,12 +275,13 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   }
 
   // Loop thread. `sent_at`: when the waiter sent the attempt that found the lock busy.
-  Heard watch(const std::string& channel, WaiterBase* w, MonotonicClock::time_point sent_at) {
+  Heard watch(const std::string& channel, WaiterBase* w, MonotonicClock::time_point sent_at, bool grants) {
+    if (sharded) drop_idle_grant_channels(channel);
     Channel& ch = channels[channel];
     ch.waiters.insert(w);
+    ch.grants = grants;
     if (ch.id == 0) {
       std::weak_ptr<Impl> weak = weak_from_this();
-      const bool grants = channel == grant_channel;
       ch.id = sub().subscribe(
           channel,
           [weak, channel, grants](const std::string&, const std::string& msg) {
@@ -276,13 +321,21 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
     return ch.ready_at <= sent_at ? Heard::yes : Heard::look_again;
   }
 
-  // Loop thread.
-  void unwatch(const std::string& channel, WaiterBase* w) {
+  // Loop thread. `linger`: how long a cluster grant channel is kept once its
+  // last waiter leaves (the waiter's queue place may outlive it that long).
+  void unwatch(const std::string& channel, WaiterBase* w, std::chrono::milliseconds linger = {}) {
     auto it = channels.find(channel);
     if (it == channels.end()) return;
     Channel& ch = it->second;
     ch.waiters.erase(w);
-    if (!ch.waiters.empty() || channel == grant_channel) return;
+    if (!ch.waiters.empty()) return;
+    if (ch.grants) {
+      // Standalone: the one grant channel stays for the service's life.
+      if (!sharded) return;
+      ch.linger_until = std::max(ch.linger_until, clock.now() + linger);
+      drop_idle_grant_channels(channel);
+      return;
+    }
     // Not kept for the next wait: Redis delivers a message to a channel's
     // subscribers in the order they subscribed, and plain waiters race to the
     // free lock, so a subscription kept across waits made the same workers win
@@ -290,6 +343,22 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
     // Subscribing afresh puts the last winner at the back.
     subscriber->unsubscribe(ch.id);
     channels.erase(it);
+  }
+
+  // Cluster: the grant channels without waiters whose linger has passed
+  // (`keep` excepted: it is about to be used). Swept when a waiter comes or
+  // goes, so an idle service keeps at most the channels of its last waits.
+  void drop_idle_grant_channels(const std::string& keep) {
+    const auto now = clock.now();
+    for (auto it = channels.begin(); it != channels.end();) {
+      Channel& ch = it->second;
+      if (ch.grants && ch.waiters.empty() && ch.linger_until < now && it->first != keep) {
+        subscriber->unsubscribe(ch.id);
+        it = channels.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 };
 
@@ -335,7 +404,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (opts_.fair) {
       // What a release needs to hand us the lock: our TTL, whether we want a
       // fence, where to tell us, and who we are (release.lua parses it).
-      channel_ = impl_->grant_channel;
+      channel_ = impl_->grant_channel_for(resource_);
       entry_ = fmt::format("{} {} {} {}", opts_.ttl.count(), opts_.fence ? 1 : 0, channel_, token_);
     }
     run(m_.start(started_));
@@ -370,7 +439,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
           break;
         case Machine::Action::subscribe: subscribe(); break;
         case Machine::Action::unsubscribe:
-          impl_->unwatch(channel_, this);
+          impl_->unwatch(channel_, this, waiter_lease() * 2);
           if (opts_.fair) impl_->granted_by_token.erase(token_);
           break;
         case Machine::Action::discard_grant:
@@ -409,7 +478,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     m_.seed(seed());
     if (opts_.fair) impl_->granted_by_token[token_] = this;
     else channel_ = svc_->keys().channel(resource_);
-    const auto heard = impl_->watch(channel_, this, sent_at_);
+    const auto heard = impl_->watch(channel_, this, sent_at_, opts_.fair);
     run(m_.subscribed(clock_.now(), heard));
   }
 

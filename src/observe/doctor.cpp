@@ -164,6 +164,10 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
   // The fleet numbers (observe::FleetPublisher) live under their own hash tag.
   const std::string fleet = "{" + o.key_prefix + ":fleet}:doctor-probe";
   static const redis::Script get_script{"return redis.call('GET', KEYS[1])"};
+  // On a cluster waiters listen with SSUBSCRIBE and releases SPUBLISH
+  // (sharded pub/sub): ACLs name those commands apart from PUBLISH/SUBSCRIBE.
+  const bool sharded = c.options().cluster;
+  const char* publish = sharded ? "SPUBLISH" : "PUBLISH";
   struct Step {
     const char* what;
     std::vector<std::string> cmd;
@@ -175,7 +179,7 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
       {"PTTL", {"PTTL", probe}},
       {"EVAL", {"EVAL", get_script.source(), "1", probe}},
       {"EVALSHA", {"EVALSHA", get_script.sha1(), "1", probe}},
-      {"PUBLISH", {"PUBLISH", chan, "doctor"}},
+      {publish, {publish, chan, "doctor"}},
       {"SCAN", {"SCAN", "0", "MATCH", o.key_prefix + ":lock:{*", "COUNT", "10"}},
       {"XADD", {"XADD", audit, "MAXLEN", "~", "10", "*", "doctor", "1"}},
       {"XREVRANGE", {"XREVRANGE", audit, "+", "-", "COUNT", "1"}},
@@ -201,8 +205,9 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
                                  user, o.key_prefix, o.key_prefix));
   return fail("acl", fmt::format("user {} was refused {} (first: {})", user, fmt::join(denied, ", "), first),
               fmt::format("grant them, e.g. ACL SETUSER {} ~{}:* ~{{{}:fleet}}:* &{}:* +@read +@write +@scripting "
-                          "+publish +subscribe +scan +time +info +ping",
-                          user, o.key_prefix, o.key_prefix, o.key_prefix));
+                          "+{} +scan +time +info +ping",
+                          user, o.key_prefix, o.key_prefix, o.key_prefix,
+                          sharded ? "spublish +ssubscribe" : "publish +subscribe"));
 }
 
 CheckResult latency_check(redis::Client& c, const DoctorOptions& o) {

@@ -180,6 +180,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
   std::unordered_map<std::string, std::shared_ptr<Connection>> nodes;
   std::vector<Connection*> slot_owner;
   bool refreshing = false;
+  detail::SlotMapSource slot_source;  // CLUSTER SHARDS, else SLOTS
   static constexpr int kMaxRedirects = 5;
 
   Connection& node(const std::string& host, std::uint16_t port) {
@@ -208,12 +209,16 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     if (refreshing || closed.load()) return;
     refreshing = true;
     detail::Multiplexer::Request r;
-    r.payload = Command{"CLUSTER", "SLOTS"}.payload();
+    r.payload = Command(slot_source.command()).payload();
     r.deadline = Clock::now() + opts.command_timeout;
     r.done = [self = shared_from_this()](std::error_code ec, Reply reply) {
       self->refreshing = false;
-      if (ec || self->closed.load()) return;
-      for (const auto& range : detail::parse_cluster_slots(reply, self->opts.host)) {
+      if (self->closed.load()) return;
+      const auto map = self->slot_source.parse(ec, reply, self->opts.host, self->opts.tls.enabled);
+      // A server before 7.0: the same again with CLUSTER SLOTS. A failed
+      // call is not retried here: the next MOVED asks again.
+      if (map.empty() && self->slot_source.retry_with_slots()) return self->refresh_slots();
+      for (const auto& range : map) {
         Connection* c = &self->node(range.host, range.port);
         for (unsigned s = range.first; s <= range.last; ++s) self->slot_owner[s] = c;
       }

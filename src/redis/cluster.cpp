@@ -1,5 +1,7 @@
 #include "redis/cluster.hpp"
 
+#include "jobguard/error.hpp"
+
 #include <charconv>
 
 namespace jobguard::redis::detail {
@@ -121,6 +123,83 @@ std::vector<SlotRange> parse_cluster_slots(const Reply& r, const std::string& se
     out.push_back(std::move(s));
   }
   return out;
+}
+
+namespace {
+const Reply* field(const Reply& flat, std::string_view name) {
+  for (std::size_t i = 0; i + 1 < flat.elements.size(); i += 2)
+    if (flat.elements[i].is_string() && flat.elements[i].str == name) return &flat.elements[i + 1];
+  return nullptr;
+}
+}  // namespace
+
+namespace {
+// nullopt: not the shape of a CLUSTER SHARDS reply.
+std::optional<std::vector<SlotRange>> shards_of(const Reply& r, const std::string& seed_host, bool tls) {
+  std::vector<SlotRange> out;
+  if (!r.is_array()) return std::nullopt;
+  for (const auto& shard : r.elements) {
+    if (!shard.is_array()) return std::nullopt;
+    const Reply* slots = field(shard, "slots");
+    const Reply* nodes = field(shard, "nodes");
+    if (!slots || !nodes || !slots->is_array() || !nodes->is_array() || slots->elements.size() % 2 != 0) return std::nullopt;
+    if (slots->elements.empty()) continue;
+    const Reply* primary = nullptr;
+    for (const auto& n : nodes->elements) {
+      if (!n.is_array()) return std::nullopt;
+      const Reply* role = field(n, "role");
+      if (role && role->is_string() && role->str == "master") primary = &n;
+    }
+    // A shard whose primary is gone and not replaced yet: its slots have no
+    // owner to go to for now (the seed answers MOVED or CLUSTERDOWN).
+    if (!primary) continue;
+    const Reply* port = tls ? field(*primary, "tls-port") : nullptr;
+    if (!port) port = field(*primary, "port");
+    if (!port || !port->is_integer() || port->integer <= 0 || port->integer > 65535) return std::nullopt;
+    std::string host;
+    for (const char* f : {"endpoint", "ip"}) {
+      const Reply* h = field(*primary, f);
+      if (h && h->is_string() && !h->str.empty() && h->str != "?") {
+        host = h->str;
+        break;
+      }
+    }
+    if (host.empty()) host = seed_host;
+    for (std::size_t i = 0; i < slots->elements.size(); i += 2) {
+      const auto& a = slots->elements[i];
+      const auto& b = slots->elements[i + 1];
+      if (!a.is_integer() || !b.is_integer() || a.integer < 0 || b.integer < a.integer || b.integer >= kClusterSlots)
+        return std::nullopt;
+      out.push_back(SlotRange{static_cast<std::uint16_t>(a.integer), static_cast<std::uint16_t>(b.integer), host,
+                              static_cast<std::uint16_t>(port->integer)});
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<SlotRange> parse_cluster_shards(const Reply& r, const std::string& seed_host, bool tls) {
+  return shards_of(r, seed_host, tls).value_or(std::vector<SlotRange>{});
+}
+
+std::vector<std::string> SlotMapSource::command() const {
+  if (shards) return {"CLUSTER", "SHARDS"};
+  return {"CLUSTER", "SLOTS"};
+}
+
+std::vector<SlotRange> SlotMapSource::parse(std::error_code ec, const Reply& r, const std::string& seed_host,
+                                            bool tls) {
+  fell_back_ = false;
+  if (ec && ec != errc::server_error) return {};
+  if (!shards) return ec ? std::vector<SlotRange>{} : parse_cluster_slots(r, seed_host);
+  // An error reply (a server before 7.0: "unknown subcommand 'SHARDS'") or a
+  // shape we do not know: CLUSTER SLOTS from now on. A timeout or a broken
+  // connection is not an answer: the caller's retry asks SHARDS again.
+  if (!ec)
+    if (auto m = shards_of(r, seed_host, tls)) return std::move(*m);
+  shards = false;
+  fell_back_ = true;
+  return {};
 }
 
 }  // namespace jobguard::redis::detail

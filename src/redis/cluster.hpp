@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "jobguard/redis/reply.hpp"
@@ -48,5 +49,29 @@ struct SlotRange {
 // Empty on a reply of another shape. An empty host means "the node that
 // answered" (`seed_host`).
 std::vector<SlotRange> parse_cluster_slots(const Reply& r, const std::string& seed_host);
+
+// CLUSTER SHARDS (Redis 7.0+): [["slots", [first, last, ...], "nodes",
+// [[field, value, ...], ...]], ...]; each shard's ranges go to the node whose
+// role is "master", at its "endpoint" (else "ip"; empty or "?" = `seed_host`)
+// and its "port", or "tls-port" when `tls`. A shard without slots (a
+// primary being added) is skipped. Empty on a reply of another shape.
+std::vector<SlotRange> parse_cluster_shards(const Reply& r, const std::string& seed_host, bool tls);
+
+// The slot map's source: CLUSTER SHARDS where the server has it, else CLUSTER
+// SLOTS (deprecated since 7.0, the only one before). One per asker: the first
+// answer that is an error or an unknown shape turns SHARDS off for good.
+struct SlotMapSource {
+  bool shards = true;
+  std::vector<std::string> command() const;
+  // The map in a call's outcome, or empty: then `retry_with_slots()` says
+  // whether to ask again at once (SHARDS was just turned off: the server
+  // refused it, server_error, or its reply had a shape we do not know). A
+  // timeout, a lost connection or CLUSTERDOWN change nothing.
+  std::vector<SlotRange> parse(std::error_code ec, const Reply& r, const std::string& seed_host, bool tls);
+  bool retry_with_slots() const noexcept { return fell_back_; }
+
+ private:
+  bool fell_back_ = false;
+};
 
 }  // namespace jobguard::redis::detail

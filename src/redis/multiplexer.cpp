@@ -103,7 +103,7 @@ const std::string& Multiplexer::prepare_write(bool internal_only) {
   while (!queued_.empty() && (!internal_only || queued_.front().internal)) {
     Request& r = queued_.front();
     write_buf_.append(r.payload);
-    in_flight_.push_back(InFlight{std::move(r.done), r.deadline, r.internal});
+    if (!r.no_reply) in_flight_.push_back(InFlight{std::move(r.done), r.deadline, r.internal});
     queued_.pop_front();
     ++last_batch_;
   }

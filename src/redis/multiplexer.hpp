@@ -76,6 +76,11 @@ class Multiplexer {
     Completion done;           // called exactly once
     Clock::time_point deadline;
     bool internal = false;     // handshake command: written before user requests
+    // Written, never matched to a reply: a subscribed connection's SUNSUBSCRIBE,
+    // whose confirmation looks exactly like the server's own unsubscribe-on-
+    // slot-migration push, so the push handler takes both (the subscriber
+    // counts its own). `done` runs only if it fails before it is written.
+    bool no_reply = false;
   };
 
   explicit Multiplexer(ReplyLimits limits = {});

@@ -232,8 +232,9 @@ std::string to_display_url(const ConnectionOptions& o) {
     return fmt::format("redis+sentinel://{}{}/{}/{}", auth, list, escape_text(o.sentinel.master_name, 64), o.db);
   }
   const bool v6 = o.host.find(':') != std::string::npos;
-  return fmt::format("{}://{}{}{}{}:{}/{}", o.tls.enabled ? "rediss" : "redis", auth, v6 ? "[" : "", o.host,
-                     v6 ? "]" : "", o.port, o.db);
+  // A cluster seed says so: the host is one node of several, not the server.
+  return fmt::format("{}://{}{}{}{}:{}/{}{}", o.tls.enabled ? "rediss" : "redis", auth, v6 ? "[" : "", o.host,
+                     v6 ? "]" : "", o.port, o.db, o.cluster ? "?cluster=yes" : "");
 }
 
 }  // namespace jobguard::redis

@@ -1,5 +1,6 @@
 // Pub/sub on a dedicated connection (a subscribed connection can run nothing
-// else). Used by lock waiters to hear about releases. Subscriptions are
+// else); on a Redis Cluster, sharded pub/sub (SSUBSCRIBE) on one connection
+// per node, each channel on the primary of its slot (docs/redis-client.md). Used by lock waiters to hear about releases. Subscriptions are
 // reference-counted per channel and restored after a reconnect; because a
 // message published while we were disconnected is lost for good, `on_reconnect`
 // lets listeners treat a reconnect as a possible missed wake-up.
@@ -42,7 +43,14 @@ class Subscriber {
   Id subscribe(const std::string& channel, Handler handler, std::function<void()> on_ready = {});
   void unsubscribe(Id id);
   // Called on the loop after every reconnect (not the first connect).
+  // Standalone and Sentinel only: on a cluster each node's connection comes
+  // and goes on its own, and set_on_resubscribed says which channel is back.
   void set_on_reconnect(std::function<void()> fn);
+  // Cluster (ConnectionOptions::cluster): called on the loop with a channel
+  // whose subscription was lost (its node's connection broke, the server
+  // unsubscribed it when its slot moved, a failover moved it to another node)
+  // and is confirmed again. Messages published in between are gone.
+  void set_on_resubscribed(std::function<void(const std::string& channel)> fn);
   // Called on the loop with an Error (source redis, the server's words, its
   // host:port, the channel) when the server refuses the connection's AUTH or
   // a SUBSCRIBE; once per distinct refusal until the next successful one.

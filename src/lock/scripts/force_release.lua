@@ -6,7 +6,8 @@
 -- unrecorded.
 -- KEYS: 1 lock, 2 fence counter, 3 audit stream.
 -- ARGV: 1 who, 2 reason, 3 resource, 4 audit MAXLEN (approximate),
---       5 release channel, 6 expected holder ("" = whoever holds it).
+--       5 release channel, 6 expected holder ("" = whoever holds it),
+--       7 '1' on a Redis Cluster: SPUBLISH (the channel is on this shard).
 -- Returns {0} when the lock is free, {-1, holder} when ARGV[6] does not match
 -- the holder, {1, holder, pttl, new fence, audit entry id} when released.
 local tok = redis.call('GET', KEYS[1])
@@ -24,5 +25,5 @@ redis.call('DEL', KEYS[1])
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'resource', ARGV[3], 'holder', holder,
                       'who', ARGV[1], 'reason', ARGV[2], 'fence', fence, 'ttl_left_ms', tostring(pttl))
 -- Wake plain waiters now; a fair queue's head takes the lock at its next attempt.
-redis.call('PUBLISH', ARGV[5], tok)
+redis.call(ARGV[7] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[5], tok)
 return {1, holder, pttl, fence, id}

@@ -2,8 +2,11 @@
 -- worker whose lock expired cannot delete the next holder's lock.
 -- KEYS: 1 lock; for a fair lock also 2 queue, 3 queue expiries, 4 fence
 --       counter; for a default-mode lock 2 its waiters by arrival (zset).
--- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource.
+-- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource;
+--       4 '1' on a Redis Cluster: SPUBLISH (sharded; the channels share the
+--         lock's hash tag, so they live on this shard), else PUBLISH.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
 
 if KEYS[4] then
   -- Fair: hand the lock straight to the live head of the queue, so the next
@@ -28,7 +31,7 @@ if KEYS[4] then
         local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
         fence = math.max((tonumber(redis.call('GET', KEYS[4]) or '0') or 0) + 1, floor)
       end
-      if redis.call('PUBLISH', chan, tok .. ' ' .. string.format('%d', fence) .. ' ' .. ARGV[3]) > 0 then
+      if redis.call(publish, chan, tok .. ' ' .. string.format('%d', fence) .. ' ' .. ARGV[3]) > 0 then
         redis.call('SET', KEYS[1], tok, 'PX', ttl)
         if f == '1' then redis.call('SET', KEYS[4], string.format('%d', fence)) end
         redis.call('LPOP', KEYS[2])
@@ -51,10 +54,10 @@ if KEYS[2] and not KEYS[4] then
   -- listener takes it for the herd message below. An entry whose waiter has
   -- died wakes nobody: the next waiter's own backoff takes the lock.
   local w = redis.call('ZPOPMIN', KEYS[2])
-  if w[1] then redis.call('PUBLISH', ARGV[2], 'wake ' .. w[1]) end
+  if w[1] then redis.call(publish, ARGV[2], 'wake ' .. w[1]) end
   return 1
 end
 -- Wake every plain waiter now instead of at their next backoff (the call
 -- without the waiters key: composed finishes, earlier clients).
-redis.call('PUBLISH', ARGV[2], ARGV[1])
+redis.call(publish, ARGV[2], ARGV[1])
 return 1

@@ -274,6 +274,20 @@ TEST(Doctor, AHealthyClusterWithClusterYesPasses) {
   EXPECT_EQ(find(rs, "cluster").status, CheckStatus::ok) << dump(rs);
   EXPECT_NE(find(rs, "cluster").detail.find("state ok, 16384 of 16384 slots served, 3 primaries"), std::string::npos)
       << dump(rs);
+  // Waiters on a cluster use sharded pub/sub: the ACL check sends SPUBLISH.
+  EXPECT_EQ(find(rs, "acl").status, CheckStatus::ok) << dump(rs);
+  for (std::size_t i = 0; i < cluster.size(); ++i)
+    ASSERT_EQ(cluster.on(cluster.node(i).port(), "ACL SETUSER nospub on >pw ~* &* +@all -spublish"), "OK");
+  auto u = o;
+  u.user = "nospub";
+  u.password = "pw";
+  redis::Client limited(u);
+  ASSERT_TRUE(limited.wait_connected(5s));
+  const auto lr = check_redis(limited);
+  const auto& acl = find(lr, "acl");
+  EXPECT_EQ(acl.status, CheckStatus::fail) << dump(lr);
+  EXPECT_NE(acl.detail.find("refused SPUBLISH"), std::string::npos) << dump(lr);
+  EXPECT_NE(acl.advice.find("+spublish +ssubscribe"), std::string::npos) << dump(lr);
 }
 
 TEST(Doctor, AServerFullOfOtherKeysWarnsOfASharedWorkload) {

@@ -1,10 +1,12 @@
-// The client on a real Redis Cluster (issue #15, first slice): 3 primaries
-// and 3 replicas started by the fixture (ClusterRedis). Commands go to their
-// key's primary from the slot map; MOVED is followed after a CLUSTER FAILOVER
-// and ASK during a slot migration; locks work on every shard.
+// The client on a real Redis Cluster (issue #15): 3 primaries and 3 replicas
+// started by the fixture (ClusterRedis). Commands go to their key's primary
+// from the slot map (CLUSTER SHARDS); MOVED is followed after a CLUSTER
+// FAILOVER and ASK during a slot migration; locks work on every shard.
+// Waiters and sharded pub/sub: tests/integration/lock/cluster_wake_test.cpp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 #include <set>
 #include <thread>
@@ -73,7 +75,7 @@ TEST_F(ClusterClient, LocksOnEveryShardAreExclusiveAndFenced) {
     EXPECT_TRUE(lock->release());
   }
   EXPECT_EQ(shards.size(), 3u);
-  // Waiters are woken by the release (classic pub/sub reaches every node).
+  // Waiters are woken by the release (sharded pub/sub on the slot's primary).
   auto held = svc->acquire("shared", {.ttl = 5s});
   ASSERT_TRUE(held);
   std::optional<Lock> waited;
@@ -165,4 +167,41 @@ TEST_F(ClusterClient, AskIsFollowedWhileASlotMigrates) {
   EXPECT_EQ(c.exec(redis::Command{"GET", k2}).str, "two");
   EXPECT_EQ(c.exec(redis::Command{"GET", k1}).str, "one");
   EXPECT_EQ(cluster->primary_of(slot), to);
+}
+
+// Redis 7.0+: the slot map comes from CLUSTER SHARDS, and says what CLUSTER
+// SLOTS says.
+TEST_F(ClusterClient, TheSlotMapComesFromClusterShards) {
+  // Calls of CLUSTER SLOTS / SHARDS the seed has served so far.
+  const auto calls = [&](const std::string& sub) {
+    const std::string stats = cluster->on(cluster->node(0).port(), "INFO commandstats");
+    const std::string head = "cmdstat_cluster|" + sub + ":calls=";
+    const auto at = stats.find(head);
+    return at == std::string::npos ? 0 : std::stoi(stats.substr(at + head.size()));
+  };
+  const int slots_before = calls("slots"), shards_before = calls("shards");
+  redis::Client c(options());
+  ASSERT_TRUE(c.wait_connected(5s));
+  const auto shards = c.exec(redis::Command{"CLUSTER", "SHARDS"});
+  const auto slots = c.exec(redis::Command{"CLUSTER", "SLOTS"});
+  auto a = redis::detail::parse_cluster_shards(shards, "127.0.0.1", false);
+  auto b = redis::detail::parse_cluster_slots(slots, "127.0.0.1");
+  const auto by_first = [](const auto& x, const auto& y) { return x.first < y.first; };
+  std::sort(a.begin(), a.end(), by_first);
+  std::sort(b.begin(), b.end(), by_first);
+  ASSERT_EQ(a.size(), 3u) << redis::to_debug_string(shards);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].last, b[i].last);
+    EXPECT_EQ(a[i].host, b[i].host);
+    EXPECT_EQ(a[i].port, b[i].port);
+  }
+  redis::detail::SlotMapSource src;
+  EXPECT_EQ(src.parse({}, shards, "127.0.0.1", false).size(), 3u);
+  EXPECT_TRUE(src.shards) << "a 7.0 server's reply turned CLUSTER SHARDS off";
+  // The client asked the seed for its map with CLUSTER SHARDS, never with
+  // CLUSTER SLOTS (the one call of each is the test's own, above).
+  EXPECT_GE(calls("shards") - shards_before, 2);
+  EXPECT_EQ(calls("slots") - slots_before, 1);
 }

@@ -548,3 +548,25 @@ TEST(ReplyLimits, ResetReaderClearsAFailedLimiterForTheNextConnection) {
   ASSERT_TRUE(rec2.results[0]);
   EXPECT_EQ(rec2.results[0]->reply.elements.size(), 4u);
 }
+
+// A subscribed connection's SUNSUBSCRIBE (no_reply): written in order with
+// the rest, never waited for, so the replies that follow go to the requests
+// after it.
+TEST(Multiplexer, ANoReplyRequestIsWrittenButNotMatchedToAReply) {
+  Multiplexer m;
+  Recorder rec;
+  m.enqueue(req(rec.slot(0)));
+  auto quiet = req(rec.slot(1), kT0 + std::chrono::hours(1), "*2\r\n$12\r\nSUNSUBSCRIBE\r\n$1\r\nc\r\n");
+  quiet.no_reply = true;
+  m.enqueue(std::move(quiet));
+  m.enqueue(req(rec.slot(2)));
+  const std::string wrote = m.prepare_write();
+  EXPECT_EQ(wrote, "*1\r\n$4\r\nPING\r\n*2\r\n$12\r\nSUNSUBSCRIBE\r\n$1\r\nc\r\n*1\r\n$4\r\nPING\r\n");
+  m.write_done();
+  EXPECT_EQ(m.in_flight(), 2u);
+  const std::string wire = "+PONG\r\n:7\r\n";
+  ASSERT_FALSE(m.feed(wire.data(), wire.size()));
+  ASSERT_TRUE(rec.results[0] && rec.results[2]);
+  EXPECT_EQ(rec.calls[1], 0);
+  EXPECT_EQ(rec.results[2]->reply.integer, 7);
+}

@@ -56,6 +56,11 @@ TEST(ParseUrl, BracketedIpv6HostWithPort) {
   EXPECT_EQ(parse_url("redis://[fe80::1]").port, 6379);
 }
 
+TEST(ParseUrl, AClusterSeedIsShownAsOne) {
+  EXPECT_EQ(to_display_url(parse_url("redis://u:pw@10.0.0.1:7000/0?cluster=yes&replicas=1")),
+            "redis://u:***@10.0.0.1:7000/0?cluster=yes");
+}
+
 TEST(ParseUrl, RedissWithTlsOptions) {
   const auto o = parse_url("rediss://h.example:6390/0?ca=/etc/ssl/ca%20bundle.pem&sni=redis.example&verify=no");
   EXPECT_TRUE(o.tls.enabled);
