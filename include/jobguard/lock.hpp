@@ -191,8 +191,10 @@ struct LockInfo {
   // read as a time (a counter ahead of the clock) or there is none. It is
   // the holder's age only when the holder is fenced (docs/operations.md).
   std::optional<std::chrono::milliseconds> fence_age;
-  // Fair-mode waiters queued for the resource (LLEN of its queue). Plain
-  // waiters leave no trace in Redis and are not counted.
+  // Waiters for the resource: fair-mode waiters in its queue and default-mode
+  // waiters in its line (LLEN + ZCARD). A waiter woken by a release is out
+  // of the line until its attempt answers, and a dead one's entry counts
+  // until a release pops it.
   std::int64_t waiters = 0;
   // The server's clock at the snapshot (unix ms), for display.
   std::int64_t server_time_ms = 0;

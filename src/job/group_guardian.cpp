@@ -188,6 +188,13 @@ void guard_group(pid_t pgid) {
   }
 }
 
+void ensure_guardian() {
+  auto& s = state();
+  std::lock_guard lock(s.m);
+  adopt(s);
+  if (s.fd < 0) start_guardian(s);
+}
+
 void unguard_group(pid_t pgid) noexcept {
   auto& s = state();
   std::lock_guard lock(s.m);

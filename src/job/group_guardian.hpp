@@ -28,6 +28,12 @@ namespace jobguard::job::detail {
 // be started; the caller must then kill the group itself.
 void guard_group(pid_t pgid);
 
+// Starts the guardian if there is none: before a spawn, so that the fork
+// (milliseconds for a big process) is not in the moment between CMD's start
+// and guard_group, when a jobguard killed leaves CMD unguarded. Throws as
+// guard_group does.
+void ensure_guardian();
+
 // Takes `pgid` off the list. Call it after the group was killed and before
 // its leader is reaped: until then the group id cannot be reused, so the
 // guardian can never kill a stranger's group.

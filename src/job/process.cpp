@@ -284,6 +284,14 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
     before = ::tcgetpgrp(STDIN_FILENO);
     if (before < 0) fail(errno, "--foreground: standard input is not our terminal");
   }
+  // The guardian first: its fork must not widen the moment between CMD's
+  // start and its listing (below), in which a jobguard killed leaves CMD
+  // unguarded.
+  try {
+    detail::ensure_guardian();
+  } catch (const std::system_error& e) {
+    fail(e.code().value(), "starting the process-group guardian");
+  }
   SpawnFiles files(options.foreground);
   SpawnAttrs attrs(0);
   pid_t pid = -1;
@@ -299,8 +307,9 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   }
   s.pid = pid;
   if (options.foreground) s.restore_pgrp = before;
-  // The window this leaves: a jobguard killed between the spawn and this call
-  // (one send(2)) leaves CMD unguarded.
+  // The window this leaves: a jobguard killed between the spawn's return and
+  // this call (one send(2) on a guardian already running) leaves CMD
+  // unguarded.
   try {
     detail::guard_group(pid);
   } catch (const std::system_error& e) {

@@ -63,7 +63,7 @@ LockInfo decode_inspect(std::string resource, std::string key, const redis::Repl
 
 void LockService::async_inspect(std::string resource, std::function<void(std::error_code, LockInfo)> done) {
   std::string key = keys_.lock_key(resource);
-  std::vector<std::string> k{key, keys_.fence_key(resource), keys_.queue_key(resource)};
+  std::vector<std::string> k{key, keys_.fence_key(resource), keys_.queue_key(resource), keys_.waiters_key(resource)};
   client_.async_eval(detail::inspect_script(), std::move(k), {},
                      [resource = std::move(resource), key, done = std::move(done)](std::error_code ec,
                                                                                   redis::Reply r) mutable {
@@ -84,7 +84,8 @@ LockInfo LockService::inspect(std::string_view resource) {
                 fmt::format("inspect {}: blocking call on the Redis client's event-loop thread (use async_inspect)",
                             resource));
   const std::string key = keys_.lock_key(resource);
-  auto r = client_.eval(detail::inspect_script(), {key, keys_.fence_key(resource), keys_.queue_key(resource)}, {});
+  auto r = client_.eval(detail::inspect_script(),
+                        {key, keys_.fence_key(resource), keys_.queue_key(resource), keys_.waiters_key(resource)}, {});
   return detail::decode_inspect(std::string(resource), key, r);
 }
 

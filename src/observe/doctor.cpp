@@ -160,6 +160,9 @@ CheckResult check_lua(redis::Client& c) {
 CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
   const std::string probe = o.key_prefix + ":doctor:{probe}";
   const std::string audit = o.key_prefix + ":doctor:{probe}:audit";
+  // The default-mode waiters' line (a sorted set): joined by a waiting
+  // acquire, popped by every release.
+  const std::string line = o.key_prefix + ":doctor:{probe}:line";
   const std::string chan = o.key_prefix + ":released:{probe}";
   // The fleet numbers (observe::FleetPublisher) live under their own hash tag.
   const std::string fleet = "{" + o.key_prefix + ":fleet}:doctor-probe";
@@ -184,8 +187,12 @@ CheckResult check_acl(redis::Client& c, const DoctorOptions& o) {
       {"XADD", {"XADD", audit, "MAXLEN", "~", "10", "*", "doctor", "1"}},
       {"XREVRANGE", {"XREVRANGE", audit, "+", "-", "COUNT", "1"}},
       {"TIME", {"TIME"}},
+      {"ZADD", {"ZADD", line, "NX", "1", "doctor"}},
+      {"ZCARD", {"ZCARD", line}},
+      {"ZREM", {"ZREM", line, "doctor"}},
+      {"ZPOPMIN", {"ZPOPMIN", line}},
       {"HINCRBY (fleet keys)", {"HINCRBY", fleet, "doctor", "1"}},
-      {"DEL", {"DEL", probe, audit}},
+      {"DEL", {"DEL", probe, audit, line}},
       {"DEL (fleet keys)", {"DEL", fleet}},
   };
   std::vector<std::string> denied;

@@ -64,6 +64,24 @@ TEST_F(AdminTest, InspectCountsFairWaiters) {
   waiter.join();
 }
 
+TEST_F(AdminTest, InspectCountsDefaultModeWaitersInTheirLine) {
+  const auto r = resource("line");
+  auto held = svc->acquire(r, LockOptions{.ttl = 10s});
+  ASSERT_TRUE(held);
+  auto client2 = make_client();
+  auto svc2 = LockService::create(*client2);
+  std::optional<Lock> got;
+  std::thread waiter([&] { got = svc2->acquire(r, LockOptions{.ttl = 10s, .wait = 10s}); });
+  EXPECT_TRUE(test::eventually([&] { return svc->inspect(r).waiters == 1; }));
+  held->release();
+  waiter.join();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(svc->inspect(r).waiters, 0);
+  got->release();
+  got.reset();
+  svc2.reset();
+}
+
 TEST_F(AdminTest, InspectRefusesAMalformedResource) {
   EXPECT_THROW(svc->inspect("has space"), Error);
 }

@@ -224,6 +224,11 @@ TEST_F(ClusterWake, AWaiterFollowsItsSlotToAnotherPrimary) {
   ASSERT_EQ(cluster->on(to, fmt::format("CLUSTER SETSLOT {} IMPORTING {}", slot, from_id)), "OK");
   ASSERT_EQ(cluster->on(from, fmt::format("CLUSTER SETSLOT {} MIGRATING {}", slot, to_id)), "OK");
   ASSERT_EQ(cluster->on(from, fmt::format("MIGRATE 127.0.0.1 {} {} 0 5000", to, keys.lock_key(r))), "OK");
+  // The waiter's place in the default-mode line is a key of the same slot;
+  // a slot can only be given away without keys.
+  const auto line = cluster->on(from, fmt::format("MIGRATE 127.0.0.1 {} {} 0 5000", to, keys.waiters_key(r)));
+  ASSERT_TRUE(line == "OK" || line == "NOKEY") << line;
+  ASSERT_EQ(cluster->on(from, fmt::format("CLUSTER COUNTKEYSINSLOT {}", slot)), "0");
   for (std::size_t i = 0; i < cluster->size(); ++i) {
     const auto p = cluster->node(i).port();
     if (cluster->on(p, "INFO replication").find("role:master") != std::string::npos) {

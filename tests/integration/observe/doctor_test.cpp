@@ -182,6 +182,21 @@ TEST(Doctor, LuaAndPermissionsRefusedByAclFail) {
   EXPECT_EQ(find(rs, "acl").detail.find("PUBLISH"), std::string::npos);
 }
 
+// Every release pops the default-mode waiters' line: a user without the
+// sorted-set commands could take locks and never give them back.
+TEST(Doctor, SortedSetCommandsRefusedByAclFailTheAclCheck) {
+  auto s = start({});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(), "ACL SETUSER noline on >pw ~* &* +@all -zpopmin -zadd"),
+            "OK");
+  auto o = options_for(*s);
+  o.user = "noline";
+  o.password = "pw";
+  const auto rs = doctor(*s, o);
+  EXPECT_EQ(find(rs, "acl").status, CheckStatus::fail) << dump(rs);
+  EXPECT_NE(find(rs, "acl").detail.find("ZADD, ZPOPMIN"), std::string::npos) << find(rs, "acl").detail;
+  EXPECT_EQ(find(rs, "acl").detail.find("ZREM"), std::string::npos) << find(rs, "acl").detail;
+}
+
 TEST(Doctor, ARenamedEvalFailsTheLuaCheck) {
   // rename-command EVAL "" (a hardening guide's advice) removes scripting
   // without any ACL: every jobguard lock operation then fails.
