@@ -388,16 +388,13 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     token_ = make_token(opts_.job_id);
     started_ = clock_.now();
     metrics_ = &svc_->class_metrics(opts_.lock_class);
-    if (opts_.fence || opts_.fair) {
-      script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
-    }
+    if (opts_.fence || opts_.fair) use_script();
     if (!opts_.fair && opts_.wait.count() > 0) {
       // A default-mode wait goes through acquire.lua from the first attempt:
       // a busy reply puts it in the line in the same step, so no release can
       // come between the two unseen. Its id is its first token (a discarded
       // grant changes the token, not the place).
-      if (script_keys_.empty())
-        script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
+      use_script();
       script_keys_.push_back(k.waiters_key(resource_));
       waiter_id_ = token_;
     }
@@ -408,6 +405,13 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       entry_ = fmt::format("{} {} {} {}", opts_.ttl.count(), opts_.fence ? 1 : 0, channel_, token_);
     }
     run(m_.start(started_));
+  }
+
+  // acquire.lua's first four keys (a default-mode wait adds its line).
+  void use_script() {
+    if (!script_keys_.empty()) return;
+    const auto& k = svc_->keys();
+    script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
   }
 
   void wake() override { run(m_.release_message(clock_.now())); }
@@ -585,12 +589,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
           });
       return;
     }
-    if (script_keys_.empty()) {
-      // A server that evicts keys: the grant goes through acquire.lua, which
-      // refuses it if anything was evicted since the gate's check.
-      const auto& k = svc_->keys();
-      script_keys_ = {key_, k.fence_key(resource_), k.queue_key(resource_), k.queue_expiry_key(resource_)};
-    }
+    // A server that evicts keys: the grant goes through acquire.lua, which
+    // refuses it if anything was evicted since the gate's check.
+    use_script();
     std::vector<std::string> args = {token_,
                                      std::to_string(opts_.ttl.count()),
                                      opts_.fence ? "1" : "0",

@@ -32,6 +32,7 @@
 #include "lock/quarantine.hpp"
 #include "redis/cluster.hpp"
 #include "support/cluster_redis.hpp"
+#include "support/critical_section.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/subprocess.hpp"
 
@@ -48,14 +49,6 @@ struct Tally {
   int after_failover = 0;  // of those, granted once the promoted replica served the slot
   long long failover_ms = 0;
 };
-
-void append(const std::string& path, const std::string& line) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  // One write per line: O_APPEND keeps lines whole across processes.
-  [[maybe_unused]] const auto n = ::write(fd, line.data(), line.size());
-  ::close(fd);
-}
 
 // One worker process: until `until`, pick a resource, acquire, hold 20 ms, release.
 [[noreturn]] void worker(const std::string& url, const std::string& dir, const std::vector<std::string>& resources,
@@ -82,16 +75,8 @@ void append(const std::string& path, const std::string& line) {
         continue;
       }
       if (!lock) continue;
-      const std::string held = fmt::format("{}/held{}", dir, i);
-      const int fd = ::open(held.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-      // steady_clock is CLOCK_MONOTONIC, the same in every process of the host.
-      append(dir + "/log", fmt::format("{} {} {} {}\n", fd >= 0 ? "grant" : "overlap", i, *lock->fence(),
-                                       Clock::now().time_since_epoch().count()));
-      std::this_thread::sleep_for(20ms);
-      if (fd >= 0) {
-        ::close(fd);
-        ::unlink(held.c_str());
-      }
+      test::hold_critical_section(fmt::format("{}/held{}", dir, i), dir + "/log",
+                                  fmt::format("{} {}", i, *lock->fence()), 20ms);
       try {
         lock->release();
       } catch (const Error&) {
@@ -101,7 +86,7 @@ void append(const std::string& path, const std::string& line) {
   } catch (...) {
     _exit(3);
   }
-  append(dir + "/errors", fmt::format("{} {}\n", errors, unconfirmed));
+  test::append_line(dir + "/errors", fmt::format("{} {}\n", errors, unconfirmed));
   _exit(0);
 }
 

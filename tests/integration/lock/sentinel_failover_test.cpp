@@ -19,6 +19,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
+#include "support/critical_section.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/sentinel_redis.hpp"
 #include "support/subprocess.hpp"
@@ -36,14 +37,6 @@ struct Tally {
   int deposed = 0;
   long long failover_ms = 0;
 };
-
-void append(const std::string& path, const std::string& line) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  // One write per line: O_APPEND keeps lines whole across processes.
-  [[maybe_unused]] const auto n = ::write(fd, line.data(), line.size());
-  ::close(fd);
-}
 
 // One worker process: until `until`, acquire, hold 20 ms, release.
 [[noreturn]] void worker(const std::string& url, const std::string& dir, Clock::time_point until) {
@@ -66,15 +59,8 @@ void append(const std::string& path, const std::string& line) {
         continue;
       }
       if (!lock) continue;
-      const std::string held = dir + "/held";
-      const int fd = ::open(held.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-      append(dir + "/log", fmt::format("{} {} {} {}\n", fd >= 0 ? "grant" : "overlap", *lock->fence(), client.address(),
-                                       Clock::now().time_since_epoch().count()));
-      std::this_thread::sleep_for(20ms);
-      if (fd >= 0) {
-        ::close(fd);
-        ::unlink(held.c_str());
-      }
+      test::hold_critical_section(dir + "/held", dir + "/log", fmt::format("{} {}", *lock->fence(), client.address()),
+                                  20ms);
       try {
         lock->release();
       } catch (const Error&) {
@@ -84,7 +70,7 @@ void append(const std::string& path, const std::string& line) {
   } catch (...) {
     _exit(3);
   }
-  append(dir + "/errors", fmt::format("{} {}\n", errors, unconfirmed));
+  test::append_line(dir + "/errors", fmt::format("{} {}\n", errors, unconfirmed));
   _exit(0);
 }
 
