@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <boost/asio/system_executor.hpp>
@@ -16,6 +17,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/deadline_buckets.hpp"
 #include "lock/lease_timeline.hpp"
 #include "lock/quarantine.hpp"
 
@@ -45,6 +47,7 @@ struct Lease::State {
         clock(c),
         metrics(m),
         tl(detail::LeaseTimeline::resolve(lock.ttl(), o), lock.acquired_at()),
+        coalesce(detail::LeaseTimeline::resolve(lock.ttl(), o).coalesce),
         safe_until_ns(tl.safe_until().time_since_epoch().count()) {}
 
   std::shared_ptr<LeaseScheduler> sched;
@@ -53,6 +56,7 @@ struct Lease::State {
   const MonotonicClock& clock;       // the scheduler's (= the service's)
   observe::LockClassMetrics& metrics;  // the lock's class in the scheduler's registry
   detail::LeaseTimeline tl;  // event-loop thread only
+  ms coalesce;               // resolved LeaseOptions::coalesce
   // Mirrors of the timeline for other threads.
   std::atomic<Clock::rep> safe_until_ns;
   std::atomic<LeaseState> state{LeaseState::active};
@@ -67,12 +71,13 @@ struct Lease::State {
   std::optional<LeaseState> ended_with;
   std::stop_source stop;
   std::atomic<bool> release_called{false};
-  // Position in the scheduler's deadline queue (loop thread only).
+  // In the scheduler's deadline queue, under generation qgen: an entry with
+  // another generation is one left behind by a reschedule (loop thread only).
   bool queued = false;
+  std::uint64_t qgen = 0;
   // The scheduler's epoch generation this lease's epoch was last found equal
   // to (loop thread only; 0 = never).
   std::uint64_t epoch_same_gen = 0;
-  std::multimap<Clock::time_point, std::shared_ptr<State>>::iterator qpos;
 };
 
 struct LeaseScheduler::Impl {
@@ -81,7 +86,10 @@ struct LeaseScheduler::Impl {
   const MonotonicClock& clock;
   observe::Registry& registry;
   Clock::time_point armed_for = Clock::time_point::max();
-  std::multimap<Clock::time_point, std::shared_ptr<Lease::State>> queue;  // loop thread only
+  // Loop thread only. 1 ms buckets: a lease is looked at up to 1 ms after
+  // its deadline, nothing next to a renewal period or a drift allowance.
+  detail::DeadlineBuckets<std::shared_ptr<Lease::State>> queue{ms(1)};
+  std::size_t queued = 0;  // leases in the queue (its entries include stale ones)
   std::mt19937_64 rng{std::random_device{}()};
   std::atomic<std::uint64_t> active{0}, renewals_sent{0}, batches{0}, failures{0}, lost{0};
   std::weak_ptr<LeaseScheduler> owner;
@@ -96,20 +104,33 @@ struct LeaseScheduler::Impl {
     return d(rng);
   }
 
+  static ms coalesce_of(const Lease::State& s) { return s.coalesce; }
+
+  static bool current(const decltype(queue)::Entry& e) { return e.item->queued && e.item->qgen == e.gen; }
+
   void schedule(const std::shared_ptr<Lease::State>& s) {
-    if (s->queued) queue.erase(s->qpos);
-    s->queued = false;
+    dequeue(*s);
     if (s->tl.state() != LeaseState::active) return;
-    max_coalesce = std::max(max_coalesce, std::min(s->opts.coalesce, ms(50)));
-    s->qpos = queue.emplace(s->tl.next_wake(), s);
+    max_coalesce = std::max(max_coalesce, std::min(coalesce_of(*s), ms(50)));
+    queue.push(s->tl.next_wake(), s, ++s->qgen);
     s->queued = true;
+    ++queued;
     arm();
   }
 
+  void dequeue(Lease::State& s) {
+    if (!s.queued) return;
+    s.queued = false;  // its entry is stale from now on
+    --queued;
+  }
+
   void unschedule(const std::shared_ptr<Lease::State>& s) {
-    if (s->queued) queue.erase(s->qpos);
-    s->queued = false;
-    if (queue.empty() && armed_for != Clock::time_point::max()) {
+    dequeue(*s);
+    if (queued == 0) {
+      // Only stale entries left: drop them, and the States they keep alive.
+      queue.clear();
+    }
+    if (queued == 0 && armed_for != Clock::time_point::max()) {
       // Nothing left to renew: drop the wake-up, whose handler keeps the
       // scheduler (and its service) alive, so a loop being shut down is not
       // held up to ttl/3 by it.
@@ -120,7 +141,7 @@ struct LeaseScheduler::Impl {
 
   void arm() {
     if (queue.empty()) return;
-    const auto first = queue.begin()->first;
+    const auto first = queue.next();
     if (first >= armed_for) return;
     armed_for = first;
     // The timer runs on the host's steady clock; the queue holds instants of
@@ -201,26 +222,21 @@ struct LeaseScheduler::Impl {
     // Everything due now, plus renewals due within the coalescing window, go
     // out in this turn of the loop: the client writes them as one pipeline.
     std::vector<std::shared_ptr<Lease::State>> due;
-    // Not a fixed bound: every entry up to the horizon that is not taken is
-    // looked at again on every tick, a cache miss each (100,000 leases: some
-    // 500 entries in 50 ms, 100 ticks a second, more than the renewals).
-    const auto horizon = now + max_coalesce;
-    for (auto it = queue.begin(); it != queue.end() && it->first <= horizon;) {
-      const auto& s = it->second;
-      if (it->first <= now || it->first <= now + s->opts.coalesce) {
-        due.push_back(s);
-        s->queued = false;
-        it = queue.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    // Not a fixed bound: an entry up to the horizon that is not taken (its
+    // own window is narrower than the widest) is looked at again next tick.
+    queue.take_until(now + max_coalesce, [&](auto& e) {
+      if (!current(e)) return true;
+      if (e.at > now && e.at > now + coalesce_of(*e.item)) return false;
+      dequeue(*e.item);
+      due.push_back(std::move(e.item));
+      return true;
+    });
     // Renewals go out in batches, one script call each (extend_many.lua):
     // 100,000 leases cost a few hundred calls a TTL/3 instead of one per
     // lease, which is what the client's CPU (and the server's) pays for.
     std::vector<std::shared_ptr<Lease::State>> batch;
     for (auto& s : due) {
-      if (s->tl.poll(now, s->opts.coalesce)) {
+      if (s->tl.poll(now, coalesce_of(*s))) {
         s->tl.renewal_sent(now);
         renewals_sent.fetch_add(1, std::memory_order_relaxed);
         if (!batchable(*s)) {
@@ -265,8 +281,9 @@ struct LeaseScheduler::Impl {
   // one is lost now, not at its next renewal.
   void on_new_epoch(const std::string& reason) {
     std::vector<std::shared_ptr<Lease::State>> hit;
-    for (auto& [at, s] : queue)
-      if (!state_lost(*s).empty()) hit.push_back(s);
+    queue.for_each([&](const auto& e) {
+      if (current(e) && !state_lost(*e.item).empty()) hit.push_back(e.item);
+    });
     for (auto& s : hit) {
       s->tl.state_lost(state_lost(*s) + (reason.empty() ? "" : ": " + reason));
       publish(s);

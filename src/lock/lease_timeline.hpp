@@ -23,6 +23,7 @@ class LeaseTimeline {
     ms drift;         // resolved
     ms hard_timeout;  // 0 = none
     ms retry_every;   // after a failed renewal
+    ms coalesce;      // resolved LeaseOptions::coalesce
   };
 
   static Config resolve(ms ttl, const LeaseOptions& o) {
@@ -32,6 +33,9 @@ class LeaseTimeline {
     c.drift = o.drift.count() > 0 ? o.drift : ttl / 100 + ms(2);
     c.hard_timeout = o.hard_timeout;
     c.retry_every = std::clamp(c.renew_every / 4, ms(1), ms(500));
+    // Wide enough that a few hundred leases renew in one wake-up and one
+    // script call; at most 1/200 of a long period early, which no lease needs.
+    c.coalesce = o.coalesce.count() > 0 ? o.coalesce : std::clamp(c.renew_every / 100, ms(10), ms(50));
     return c;
   }
 

@@ -107,3 +107,14 @@ TEST(LeaseTimeline, ReleasedLeaseNeverRenewsOrExpires) {
   EXPECT_FALSE(tl.poll(t0 + 1h));
   EXPECT_EQ(tl.state(), LeaseState::released);
 }
+
+TEST(LeaseTimeline, TheDefaultCoalescingWindowIsAHundredthOfThePeriodBetween10And50Ms) {
+  auto window = [](std::chrono::milliseconds ttl, LeaseOptions o = {}) { return LeaseTimeline::resolve(ttl, o).coalesce; };
+  EXPECT_EQ(window(30s), 50ms);   // period 10 s: 100 ms, capped
+  EXPECT_EQ(window(6s), 20ms);    // period 2 s
+  EXPECT_EQ(window(3s), 10ms);    // period 1 s
+  EXPECT_EQ(window(600ms), 10ms); // the floor: the window of earlier releases
+  EXPECT_EQ(window(30s, {.coalesce = 3ms}), 3ms);
+  EXPECT_EQ(window(30s, {.renew_every = 20s}), 50ms);
+  EXPECT_EQ(window(30s, {.renew_every = 1500ms}), 15ms);
+}
