@@ -101,7 +101,8 @@ struct AuditRecord {
 };
 
 // The newest `count` audit records (force releases and other operator
-// actions), newest first.
+// actions), newest first. On a Redis Cluster also those of every resource's
+// own stream (audit_key(keys, resource)), found by SCAN on each primary.
 std::vector<AuditRecord> read_audit(LockService& service, std::size_t count = 100);
 
 // Appends an operator action other than a force release (which its script
@@ -178,8 +179,12 @@ std::string info_json(const LockInfo& info);
 std::string release_json(std::string_view resource, const ForceReleaseResult& r);
 std::string audit_json(const std::vector<AuditRecord>& records);
 
-// "<prefix>:audit": the stream of force releases.
+// "<prefix>:audit": the stream of force releases and other operator actions.
 std::string audit_key(const KeyBuilder& keys);
+// "<prefix>:audit:{<resource>}": on a Redis Cluster, the stream a force
+// release of `resource` is recorded in, in the resource's slot (its script
+// writes the record with the release). read_audit reads them all.
+std::string audit_key(const KeyBuilder& keys, std::string_view resource);
 // "$USER@hostname" (the login name from the password database when $USER is unset).
 std::string default_who();
 

@@ -93,6 +93,35 @@ void for_each_entry(const redis::Reply& r, Fn fn) {
 
 std::string audit_key(const KeyBuilder& keys) { return keys.prefix() + ":audit"; }
 
+std::string audit_key(const KeyBuilder& keys, std::string_view resource) {
+  KeyBuilder::validate_resource(resource);
+  return fmt::format("{}:audit:{{{}}}", keys.prefix(), resource);
+}
+
+namespace {
+// Every key that matches `match`, on every primary (SCAN sees only the node it
+// runs on): one visit per node, in the order primaries() gives.
+template <class Batch>
+void scan_everywhere(redis::Client& client, const std::string& match, std::size_t count_hint, std::uint64_t* calls,
+                     Batch&& batch) {
+  const std::string count = std::to_string(count_hint);
+  const auto nodes = client.options().cluster ? client.primaries() : std::vector<std::string>{""};
+  for (const auto& node : nodes) {
+    std::string cursor = "0";
+    do {
+      auto r = client.exec(redis::Command{"SCAN", cursor, "MATCH", match, "COUNT", count}, {.node = node});
+      if (calls) ++*calls;
+      if (!r.is_array() || r.elements.size() != 2 || !r.elements[1].is_array())
+        throw Error(errc::protocol_error, fmt::format("SCAN on {}: unexpected reply {}",
+                                                      node.empty() ? client.address() : node,
+                                                      redis::to_debug_string(r)));
+      cursor = r.elements[0].str;
+      if (!batch(r.elements[1].elements)) return;
+    } while (cursor != "0");
+  }
+}
+}  // namespace
+
 std::string default_who() {
   std::string user;
   if (const char* u = std::getenv("USER"); u && *u) user = u;
@@ -111,28 +140,23 @@ ListResult list_locks(LockService& service, const ListOptions& opts) {
     throw Error(errc::invalid_argument, "list_locks: blocking call on the Redis client's event-loop thread");
   const auto& keys = service.keys();
   const std::string match = glob_escape(keys.prefix() + ":lock:{" + opts.prefix) + "*}";
-  const std::string count = std::to_string(opts.scan_count);
   ListResult res;
-  std::string cursor = "0";
-  do {
-    auto r = service.client().exec(redis::Command{"SCAN", cursor, "MATCH", match, "COUNT", count});
-    ++res.stats.scan_calls;
-    if (!r.is_array() || r.elements.size() != 2 || !r.elements[1].is_array())
-      throw Error(errc::protocol_error, fmt::format("SCAN on {}: unexpected reply {}", service.client().address(),
-                                                    redis::to_debug_string(r)));
-    cursor = r.elements[0].str;
-    std::vector<std::string> batch;
-    for (const auto& k : r.elements[1].elements) {
-      ++res.stats.keys_matched;
-      auto resource = keys.resource_of(k.str);
-      if (!resource) continue;
-      if (opts.filter && !opts.filter(*resource)) continue;
-      batch.push_back(std::move(*resource));
-    }
-    res.stats.inspected += batch.size();
-    for (auto& info : inspect_batch(service, batch)) res.locks.push_back(std::move(info));
-    if (opts.limit > 0 && res.locks.size() >= opts.limit) break;
-  } while (cursor != "0");
+  // On a Redis Cluster each primary is scanned in turn; the locks found are
+  // inspected through the cluster client, each on its own slot's node.
+  scan_everywhere(service.client(), match, opts.scan_count, &res.stats.scan_calls,
+                  [&](const std::vector<redis::Reply>& found) {
+                    std::vector<std::string> batch;
+                    for (const auto& k : found) {
+                      ++res.stats.keys_matched;
+                      auto resource = keys.resource_of(k.str);
+                      if (!resource) continue;
+                      if (opts.filter && !opts.filter(*resource)) continue;
+                      batch.push_back(std::move(*resource));
+                    }
+                    res.stats.inspected += batch.size();
+                    for (auto& info : inspect_batch(service, batch)) res.locks.push_back(std::move(info));
+                    return !(opts.limit > 0 && res.locks.size() >= opts.limit);
+                  });
   // SCAN may return a key twice (rehashing): keep one of each.
   std::sort(res.locks.begin(), res.locks.end(),
             [](const LockInfo& a, const LockInfo& b) { return a.resource < b.resource; });
@@ -156,10 +180,15 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
   wanted.timeout = service.client().options().lock_replicas_timeout;
   std::promise<std::pair<redis::Reply, redis::Confirmation>> p;
   auto f = p.get_future();
-  std::vector<std::string> script_keys = {keys.lock_key(resource), keys.fence_key(resource), audit_key(keys)};
+  // On a Redis Cluster the audit record goes into a stream in the resource's
+  // own slot: one script may touch only one slot's keys, and the record must
+  // be written with the release, not after it (read_audit merges the streams).
+  const bool cluster = service.client().options().cluster;
+  std::vector<std::string> script_keys = {keys.lock_key(resource), keys.fence_key(resource),
+                                          cluster ? audit_key(keys, resource) : audit_key(keys)};
   std::vector<std::string> args = {who, opts.reason, std::string(resource), std::to_string(opts.audit_maxlen),
                                    keys.channel(resource), opts.expect_holder,
-                                   service.client().options().cluster ? "1" : ""};
+                                   cluster ? "1" : ""};
   service.client().async_eval_confirmed(
       force_release_script(), std::move(script_keys), std::move(args), wanted,
       [&p, address = service.client().address(), what = fmt::format("force release of {}", resource)](
@@ -192,27 +221,52 @@ ForceReleaseResult force_release(LockService& service, std::string_view resource
 
 std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
   if (count == 0) return {};
-  auto r = service.client().exec(
-      redis::Command{"XREVRANGE", audit_key(service.keys()), "+", "-", "COUNT", std::to_string(count)});
+  auto& client = service.client();
+  // The one stream, and on a Redis Cluster also each resource's own
+  // (force_release): the newest `count` of each, merged newest first.
+  std::vector<std::string> streams = {audit_key(service.keys())};
+  if (client.options().cluster)
+    scan_everywhere(client, glob_escape(service.keys().prefix() + ":audit:{") + "*}", 1000, nullptr,
+                    [&](const std::vector<redis::Reply>& found) {
+                      for (const auto& k : found) streams.push_back(k.str);
+                      return true;
+                    });
+  std::sort(streams.begin() + 1, streams.end());
+  streams.erase(std::unique(streams.begin() + 1, streams.end()), streams.end());
+  std::vector<std::future<redis::Reply>> replies;
+  for (const auto& key : streams)
+    replies.push_back(client.exec_future(redis::Command{"XREVRANGE", key, "+", "-", "COUNT", std::to_string(count)}));
   std::vector<AuditRecord> out;
-  for_each_entry(r, [&](const std::string& id, std::int64_t at_ms, const std::vector<redis::Reply>& f) {
-    AuditRecord a;
-    a.id = id;
-    a.at_ms = at_ms;
-    for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
-      const auto& name = f[i].str;
-      const auto& v = f[i + 1].str;
-      if (name == "resource") a.resource = v;
-      else if (name == "holder") a.holder = v;
-      else if (name == "who") a.who = v;
-      else if (name == "reason") a.reason = v;
-      else if (name == "fence") a.fence = to_i64(v);
-      else if (name == "ttl_left_ms") a.ttl_left_ms = to_i64(v);
-      else if (name == "action") a.action = v;
-      else if (name == "job") a.job = v;
-    }
-    out.push_back(std::move(a));
-  });
+  for (auto& fr : replies) {
+    auto r = fr.get();
+    for_each_entry(r, [&](const std::string& id, std::int64_t at_ms, const std::vector<redis::Reply>& f) {
+      AuditRecord a;
+      a.id = id;
+      a.at_ms = at_ms;
+      for (std::size_t i = 0; i + 1 < f.size(); i += 2) {
+        const auto& name = f[i].str;
+        const auto& v = f[i + 1].str;
+        if (name == "resource") a.resource = v;
+        else if (name == "holder") a.holder = v;
+        else if (name == "who") a.who = v;
+        else if (name == "reason") a.reason = v;
+        else if (name == "fence") a.fence = to_i64(v);
+        else if (name == "ttl_left_ms") a.ttl_left_ms = to_i64(v);
+        else if (name == "action") a.action = v;
+        else if (name == "job") a.job = v;
+      }
+      out.push_back(std::move(a));
+    });
+  }
+  if (streams.size() > 1) {
+    // Stream ids are "<ms>-<seq>": compared as numbers, not strings.
+    const auto key = [](const AuditRecord& a) {
+      const auto dash = a.id.find('-');
+      return std::pair{a.at_ms, dash == std::string::npos ? 0 : to_i64(std::string_view(a.id).substr(dash + 1))};
+    };
+    std::stable_sort(out.begin(), out.end(), [&](const AuditRecord& a, const AuditRecord& b) { return key(a) > key(b); });
+    if (out.size() > count) out.resize(count);
+  }
   return out;
 }
 

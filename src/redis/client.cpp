@@ -9,6 +9,7 @@
 #include <openssl/ssl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -161,6 +162,25 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
         });
         return;
       }
+    }
+    if (opts.cluster && !o.node.empty()) {
+      const auto colon = o.node.rfind(':');
+      std::uint16_t port = 0;
+      const char* end = o.node.data() + o.node.size();
+      if (colon == std::string::npos || colon == 0 ||
+          std::from_chars(o.node.data() + colon + 1, end, port).ptr != end || port == 0)
+        return refuse(stats.get(), r.done, make_error_code(errc::invalid_argument),
+                      fmt::format("CallOptions::node \"{}\" is not host:port", o.node));
+      auto to_node = [this, host = o.node.substr(0, colon), port](detail::Multiplexer::Request& req) {
+        node(host, port).submit(std::move(req));
+      };
+      if (on_loop()) return to_node(r);
+      asio::post(*ctx, [this, keep = shared_from_this(), r = std::move(r), to_node]() mutable {
+        if (closed.load())
+          return refuse(stats.get(), r.done, make_error_code(errc::shutdown), "client is shutting down");
+        to_node(r);
+      });
+      return;
     }
     if (on_loop()) {
       route(std::move(r));
@@ -637,6 +657,34 @@ std::future<Reply> Client::exec_future(Command cmd, CallOptions opts) {
       },
       opts);
   return f;
+}
+
+std::vector<std::string> Client::primaries() {
+  if (!impl_->opts.cluster) return {address()};
+  // A source of its own: the client's (loop thread only) is not touched.
+  detail::SlotMapSource source;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::error_code ec;
+    Reply r;
+    try {
+      r = exec(Command(source.command()));
+    } catch (const Error& e) {
+      if (e.code() != errc::server_error) throw;
+      ec = e.code();
+    }
+    const auto map = source.parse(ec, r, impl_->opts.host, impl_->opts.tls.enabled);
+    if (map.empty() && source.retry_with_slots()) continue;
+    if (map.empty())
+      throw Error(errc::protocol_error,
+                  fmt::format("{} on {}: no slot map in the reply {}", fmt::join(source.command(), " "), address(),
+                              to_debug_string(r)));
+    std::vector<std::string> out;
+    for (const auto& range : map) out.push_back(fmt::format("{}:{}", range.host, range.port));
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  throw Error(errc::protocol_error, fmt::format("no slot map from {}", address()));
 }
 
 Reply Client::exec(Command cmd, CallOptions opts) {

@@ -59,6 +59,12 @@ struct CallOptions {
   // a call made during a short reconnect usually succeeds when it waits.
   // LockService::acquire uses it for a try-once acquire (wait = 0).
   bool fail_if_down = false;
+  // On a Redis Cluster: run on this node ("host:port", as primaries() names
+  // it) instead of the one that serves the command's key. For the commands
+  // that are per node — SCAN, INFO, DBSIZE — which see only the node they
+  // run on. A redirect is not followed: it is the caller's answer. Ignored
+  // without cluster=yes (there is one node).
+  std::string node;
 };
 
 // Replica confirmation of a write: `WAIT replicas timeout` (or `WAITAOF 1
@@ -167,6 +173,12 @@ class Client {
   Error down_error() const;
 
   ClientStats stats() const;
+
+  // The primaries a per-node command must visit to see the whole keyspace:
+  // on a Redis Cluster each primary serving slots ("host:port", sorted), from
+  // a fresh CLUSTER SHARDS (CLUSTER SLOTS before 7.0); else address() alone.
+  // Throws jobguard::Error (as exec does), and never on the loop thread.
+  std::vector<std::string> primaries();
 
   // For the CLI/doctor: "127.0.0.1:6379".
   std::string address() const;
