@@ -154,18 +154,19 @@ double cpu_seconds_self() {
   return s(ru.ru_utime) + s(ru.ru_stime);
 }
 
-// used_cpu_sys + used_cpu_user from INFO cpu: the server's own CPU seconds.
-double server_cpu_seconds(redis::Client& c) {
-  const auto info = c.exec(redis::Command{"INFO", "cpu"}).str;
+}  // namespace
+
+double server_cpu_seconds(redis::Client& c, const std::vector<std::string>& nodes) {
   double total = 0;
-  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
-    const auto at = info.find(field);
-    if (at != std::string::npos) total += std::stod(info.substr(at + std::strlen(field)));
+  for (const auto& node : nodes.empty() ? std::vector<std::string>{""} : nodes) {
+    const auto info = c.exec(redis::Command{"INFO", "cpu"}, {.node = node}).str;
+    for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
+      const auto at = info.find(field);
+      if (at != std::string::npos) total += std::stod(info.substr(at + std::strlen(field)));
+    }
   }
   return total;
 }
-
-}  // namespace
 
 nlohmann::json run_leases(const redis::ConnectionOptions& opts, const LeasesConfig& cfg) {
   redis::Client client(opts);

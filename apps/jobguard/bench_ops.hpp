@@ -131,4 +131,8 @@ class Runner {
   std::uint64_t generation_ = 0;  // distinct keys across phases
 };
 
+// used_cpu_sys + used_cpu_user from INFO cpu: the server's own CPU seconds,
+// summed over `nodes` (Client::primaries() on a cluster; empty = the one server).
+double server_cpu_seconds(redis::Client& c, const std::vector<std::string>& nodes = {});
+
 }  // namespace jobguard::cli::bench

@@ -148,18 +148,35 @@ int run_bench(const Globals& g, const BenchArgs& a) {
     // back to back); raw_pair and lock are the median rounds of each.
     std::vector<nlohmann::json> pairs, locks, per_round;
     std::vector<double> ratios;
+    // The servers' own CPU seconds per phase (INFO cpu, on every primary of a
+    // cluster): ops per server CPU-second compare a cluster with one server
+    // per core used, whatever shares a core on the machine.
+    redis::Client meter(opts);
+    const auto nodes = meter.primaries();
+    out["server_nodes"] = nodes.size();
+    auto phase = [&](bench::Op op) {
+      const double c0 = bench::server_cpu_seconds(meter, nodes);
+      auto j = bench::summarize(runner.run(op));
+      const double cpu = bench::server_cpu_seconds(meter, nodes) - c0;
+      j["server_cpu_s"] = cpu;
+      j["ops_per_server_cpu_s"] = cpu > 0 ? j["ops"].get<double>() / cpu : 0.0;
+      return j;
+    };
     for (int i = 0; i < a.rounds; ++i) {
       nlohmann::json rp, lk;
       if (i % 2 == 0) {
-        rp = bench::summarize(runner.run(bench::Op::raw_pair));
-        lk = bench::summarize(runner.run(bench::Op::lock_pair));
+        rp = phase(bench::Op::raw_pair);
+        lk = phase(bench::Op::lock_pair);
       } else {
-        lk = bench::summarize(runner.run(bench::Op::lock_pair));
-        rp = bench::summarize(runner.run(bench::Op::raw_pair));
+        lk = phase(bench::Op::lock_pair);
+        rp = phase(bench::Op::raw_pair);
       }
       const double raw = rp["ops_per_s"].get<double>();
       const double ratio = raw > 0 ? lk["ops_per_s"].get<double>() / raw : 0.0;
-      per_round.push_back({{"raw_pair_ops_per_s", rp["ops_per_s"]}, {"lock_ops_per_s", lk["ops_per_s"]}, {"ratio", ratio}});
+      per_round.push_back({{"raw_pair_ops_per_s", rp["ops_per_s"]},
+                           {"lock_ops_per_s", lk["ops_per_s"]},
+                           {"ratio", ratio},
+                           {"lock_ops_per_server_cpu_s", lk["ops_per_server_cpu_s"]}});
       ratios.push_back(ratio);
       pairs.push_back(std::move(rp));
       locks.push_back(std::move(lk));
@@ -174,6 +191,10 @@ int run_bench(const Globals& g, const BenchArgs& a) {
     out["raw_pair"] = median_of(pairs);
     out["lock"] = median_of(locks);
     out["ratio"] = ratios[ratios.size() / 2];
+    std::vector<double> per_cpu;
+    for (const auto& lk : locks) per_cpu.push_back(lk["ops_per_server_cpu_s"].get<double>());
+    std::sort(per_cpu.begin(), per_cpu.end());
+    out["lock_ops_per_server_cpu_s"] = per_cpu[per_cpu.size() / 2];
     out["rounds"] = per_round;
   }
   // Last: its keys are left to expire (the SET is the lock's own, PX 30 s),
@@ -201,6 +222,8 @@ int run_bench(const Globals& g, const BenchArgs& a) {
       for (const auto& r : out["rounds"]) each += fmt::format(" {:.3f}", r["ratio"].get<double>());
       std::cout << fmt::format("  ratio lock/raw_pair = {:.3f} (median of the rounds:{})\n", out["ratio"].get<double>(),
                                each);
+      std::cout << fmt::format("  lock: {:.0f} ops per server CPU-second ({} server node(s); median of the rounds)\n",
+                               out["lock_ops_per_server_cpu_s"].get<double>(), out["server_nodes"].get<std::size_t>());
     }
   }
   return exit_code::ok;

@@ -171,7 +171,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
           std::from_chars(o.node.data() + colon + 1, end, port).ptr != end || port == 0)
         return refuse(stats.get(), r.done, make_error_code(errc::invalid_argument),
                       fmt::format("CallOptions::node \"{}\" is not host:port", o.node));
-      auto to_node = [this, host = o.node.substr(0, colon), port](detail::Multiplexer::Request& req) {
+      auto to_node = [this, host = std::string(o.node.substr(0, colon)), port](detail::Multiplexer::Request& req) {
         node(host, port).submit(std::move(req));
       };
       if (on_loop()) return to_node(r);

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <system_error>
 #include <vector>
 
@@ -63,9 +64,13 @@ struct CallOptions {
   // it) instead of the one that serves the command's key. For the commands
   // that are per node — SCAN, INFO, DBSIZE — which see only the node they
   // run on. A redirect is not followed: it is the caller's answer. Ignored
-  // without cluster=yes (there is one node).
-  std::string node;
+  // without cluster=yes (there is one node). Read during the call only (the
+  // view need not outlive it): a view, not a string, so CallOptions stays
+  // trivially destructible — g++ 12 destroys a temporary with a destructor
+  // inside a co_await expression twice.
+  std::string_view node;
 };
+static_assert(std::is_trivially_destructible_v<CallOptions>, "CallOptions is passed as a temporary inside co_await");
 
 // Replica confirmation of a write: `WAIT replicas timeout` (or `WAITAOF 1
 // replicas timeout`) pipelined right after it on the same connection, so it

@@ -74,6 +74,19 @@ TEST_F(BenchCli, ThroughputJsonHasRawLockRatioAndTheAlternatingRounds) {
   for (const auto& round : j["rounds"]) ratios.push_back(round["ratio"].get<double>());
   std::sort(ratios.begin(), ratios.end());
   EXPECT_DOUBLE_EQ(j["ratio"].get<double>(), ratios[1]) << "the ratio is the median round's";
+  // The server's own CPU per phase (INFO cpu): ops per server CPU-second,
+  // the lock's the median of its rounds.
+  EXPECT_EQ(j["server_nodes"].get<int>(), 1);
+  for (const char* half : {"raw_pair", "lock"}) {
+    EXPECT_GT(j[half]["server_cpu_s"].get<double>(), 0) << half;
+    EXPECT_NEAR(j[half]["ops_per_server_cpu_s"].get<double>(),
+                j[half]["ops"].get<double>() / j[half]["server_cpu_s"].get<double>(), 1e-6 * j[half]["ops"].get<double>())
+        << half;
+  }
+  std::vector<double> per_cpu;
+  for (const auto& round : j["rounds"]) per_cpu.push_back(round["lock_ops_per_server_cpu_s"].get<double>());
+  std::sort(per_cpu.begin(), per_cpu.end());
+  EXPECT_DOUBLE_EQ(j["lock_ops_per_server_cpu_s"].get<double>(), per_cpu[1]);
 }
 
 TEST_F(BenchCli, BadRoundsIsAUsageError) {
