@@ -66,7 +66,7 @@ class QuorumLockService;
 // A lock held on a majority of instances. Destroying a held QuorumLock
 // releases it on every instance without waiting for the replies. Movable,
 // not copyable. Threads: one owner at a time; the blocking members throw
-// errc::invalid_argument on an instance's event-loop thread.
+// errc::invalid_argument on an instance's or the service's event-loop thread.
 class QuorumLock {
  public:
   QuorumLock(QuorumLock&&) noexcept;
@@ -103,8 +103,8 @@ class QuorumLock {
   // no longer has our token, or too few answered).
   bool extend(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
 
-  // The non-blocking release: `done` runs on an instance's event loop,
-  // never inside the call, with the number of instances that released. The
+  // The non-blocking release: `done` runs on an instance's event loop or
+  // the service's own, never inside the call, with the number of instances that released. The
   // QuorumLock must outlive the call only until it returns.
   void async_release(std::function<void(std::size_t released)> done);
 
@@ -144,6 +144,8 @@ class QuorumLockService : public std::enable_shared_from_this<QuorumLockService>
   std::size_t quorum() const noexcept { return clients_.size() / 2 + 1; }
   const KeyBuilder& keys() const noexcept { return keys_; }
   redis::Client& instance(std::size_t i) const noexcept { return *clients_[i]; }
+  // Instance i's host:port as it was at create(), for messages.
+  const std::string& address(std::size_t i) const noexcept { return addresses_[i]; }
 
   // Acquires or gives up. nullopt when the lock stayed held by someone else
   // (a majority could not be had because instances refused) for the whole
@@ -153,7 +155,8 @@ class QuorumLockService : public std::enable_shared_from_this<QuorumLockService>
   // validity time was gone (slow instances), errc::server_busy when too many
   // instances are quarantined; and on bad arguments. Blocking.
   std::optional<QuorumLock> acquire(std::string_view resource, const QuorumOptions& opts = {});
-  // The asynchronous form; `done` runs on an instance's event loop.
+  // The asynchronous form; `done` runs on an instance's event loop or the
+  // service's own.
   using AcquireHandler = std::function<void(const Error&, std::optional<QuorumLock>)>;
   void async_acquire(std::string resource, QuorumOptions opts, AcquireHandler done);
 
@@ -162,7 +165,12 @@ class QuorumLockService : public std::enable_shared_from_this<QuorumLockService>
  private:
   QuorumLockService(std::vector<redis::Client*> instances, KeyBuilder keys);
   std::vector<redis::Client*> clients_;
+  std::vector<std::string> addresses_;  // for messages written after a client may be gone
   KeyBuilder keys_;
+  // The service's own event loop (one thread) for retries, lease timers and
+  // loss callbacks: none of the instances' loops can be it, since an
+  // instance's client may be destroyed while another's calls still complete.
+  std::shared_ptr<void> loop_;
 };
 
 // A QuorumLock that renews itself on a majority and says the moment it is
@@ -175,7 +183,8 @@ class QuorumLockService : public std::enable_shared_from_this<QuorumLockService>
 // runs out, as timed_out at the hard timeout. LeaseOptions::coalesce is not
 // used (each lease renews on its own timer); drift 0 = the lock's drift.
 // Destroying it releases the lock (blocking, except on an event-loop
-// thread). Threads: as Lease.
+// thread). Threads: as Lease. The instances' clients must outlive the lease;
+// a renewal still in flight when it is destroyed touches no client.
 class QuorumLease {
  public:
   // Takes over a held lock (Error(invalid_argument) if it is not held).
@@ -198,8 +207,9 @@ class QuorumLease {
   std::string reason() const;
   std::uint64_t renewals() const noexcept;
   std::stop_token stop_token() const noexcept;
-  // Runs once, on an instance's event loop, when the lease is lost (not on
-  // release); posted at once if it is already lost.
+  // Runs once, on the service's own event-loop thread (blocking quorum
+  // calls are refused there), when the lease is lost (not on release);
+  // posted at once if it is already lost.
   void on_lost(std::function<void(LeaseState, const std::string&)> fn);
 
   // Stops renewing and releases on every instance. True if a majority still

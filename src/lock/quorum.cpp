@@ -6,9 +6,12 @@
 #include <atomic>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <future>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "jobguard/redis/client.hpp"
 #include "lock/quarantine.hpp"
@@ -38,6 +41,19 @@ const redis::Script& script_extend() {
   static const redis::Script s{std::string(lock_scripts::extend)};
   return s;
 }
+
+// The service's own event loop. Its thread is detached and holds the
+// context: the last reference to a service may be dropped on that very
+// thread (a completion that held it), where a join could never return.
+struct QuorumLoop {
+  std::shared_ptr<asio::io_context> ctx = std::make_shared<asio::io_context>(1);
+  asio::executor_work_guard<asio::io_context::executor_type> guard{ctx->get_executor()};
+  QuorumLoop() { std::thread([c = ctx] { c->run(); }).detach(); }
+  ~QuorumLoop() {
+    guard.reset();
+    ctx->stop();
+  }
+};
 
 struct Outcome {
   std::error_code ec;
@@ -84,14 +100,8 @@ redis::CallOptions call_options(ms timeout) {
   return o;
 }
 
-std::string describe_failure(redis::Client& c, const Outcome& o, std::string_view what) {
-  return fmt::format("{}: {}", c.address(), redis::to_error(o.ec, o.reply, c.address(), what).detail());
-}
-
-bool in_any_loop(const QuorumLockService& svc) {
-  for (std::size_t i = 0; i < svc.size(); ++i)
-    if (svc.instance(i).running_in_loop_thread()) return true;
-  return false;
+std::string describe_failure(const std::string& address, const Outcome& o, std::string_view what) {
+  return fmt::format("{}: {}", address, redis::to_error(o.ec, o.reply, address, what).detail());
 }
 
 ms default_instance_timeout(ms ttl) { return std::max(ms(1), std::min(ttl / 10, ms(250))); }
@@ -136,7 +146,7 @@ void extend_all(const QuorumLockService& svc, const std::string& key, const std:
           if (o.ec) {
             ++t.failed;
             if (!t.failures.empty()) t.failures += "; ";
-            t.failures += describe_failure(self->instance(i), o, "quorum extend");
+            t.failures += describe_failure(self->address(i), o, "quorum extend");
           } else if (o.reply.is_integer() && o.reply.integer == 1) {
             ++t.ok;
           } else {
@@ -158,6 +168,15 @@ std::chrono::milliseconds quorum_drift(std::chrono::milliseconds ttl, double clo
 // --- the acquire ---------------------------------------------------------------
 
 struct QuorumLockService::Impl {
+  static asio::io_context& loop(const QuorumLockService& s) { return *static_cast<QuorumLoop*>(s.loop_.get())->ctx; }
+  // Blocking here would deadlock: the reply is delivered on one of these.
+  static bool in_any_loop(const QuorumLockService& s) {
+    if (loop(s).get_executor().running_in_this_thread()) return true;
+    for (auto* c : s.clients_)
+      if (c->running_in_loop_thread()) return true;
+    return false;
+  }
+
   // One acquire: its attempts, their undo, the backoff between them.
   struct Acquire : std::enable_shared_from_this<Acquire> {
     std::shared_ptr<QuorumLockService> svc;
@@ -199,8 +218,8 @@ struct QuorumLockService::Impl {
         if (o.ec || !r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer()) {
           ++failed;
           if (!failures.empty()) failures += "; ";
-          failures += o.ec ? describe_failure(svc->instance(i), o, "quorum acquire")
-                           : fmt::format("{}: unexpected reply {}", svc->instance(i).address(), redis::to_debug_string(r));
+          failures += o.ec ? describe_failure(svc->address(i), o, "quorum acquire")
+                           : fmt::format("{}: unexpected reply {}", svc->address(i), redis::to_debug_string(r));
           continue;
         }
         switch (r.elements[0].integer) {
@@ -211,7 +230,7 @@ struct QuorumLockService::Impl {
           case -2:
             ++quarantined;
             if (!quarantines.empty()) quarantines += "; ";
-            quarantines += fmt::format("{}: {} ({} ms more)", svc->instance(i).address(),
+            quarantines += fmt::format("{}: {} ({} ms more)", svc->address(i),
                                        r.elements.size() > 2 ? r.elements[2].str : std::string("lock state lost"),
                                        r.elements[1].integer);
             break;
@@ -314,7 +333,7 @@ struct QuorumLockService::Impl {
         return h(cause, std::nullopt);
       }
       auto self = shared_from_this();
-      // The timer lives on instance 0's loop; this may run on another's.
+      // The timer lives on the service's loop; this may run on an instance's.
       asio::post(timer.get_executor(), [self, backoff] {
         self->timer.expires_after(backoff);
         self->timer.async_wait([self](const boost::system::error_code&) { self->start(); });
@@ -324,7 +343,9 @@ struct QuorumLockService::Impl {
 };
 
 QuorumLockService::QuorumLockService(std::vector<redis::Client*> instances, KeyBuilder keys)
-    : clients_(std::move(instances)), keys_(std::move(keys)) {}
+    : clients_(std::move(instances)), keys_(std::move(keys)), loop_(std::make_shared<QuorumLoop>()) {
+  for (auto* c : clients_) addresses_.push_back(c->address());
+}
 QuorumLockService::~QuorumLockService() = default;
 
 std::shared_ptr<QuorumLockService> QuorumLockService::create(std::vector<redis::Client*> instances, KeyBuilder keys) {
@@ -358,7 +379,7 @@ void QuorumLockService::async_acquire(std::string resource, QuorumOptions opts, 
                   fmt::format("quorum lock ttl {} ms is above the max TTL {} ms of {}: a lease could outlive its "
                               "instance's quarantine",
                               opts.ttl.count(), c->options().lock_max_ttl.count(), c->address()));
-  auto a = std::make_shared<Impl::Acquire>(clients_[0]->get_executor());
+  auto a = std::make_shared<Impl::Acquire>(Impl::loop(*this).get_executor());
   a->svc = shared_from_this();
   a->key = keys_.lock_key(resource);
   a->fence_key = keys_.fence_key(resource);
@@ -374,7 +395,7 @@ void QuorumLockService::async_acquire(std::string resource, QuorumOptions opts, 
 }
 
 std::optional<QuorumLock> QuorumLockService::acquire(std::string_view resource, const QuorumOptions& opts) {
-  if (in_any_loop(*this))
+  if (Impl::in_any_loop(*this))
     throw Error(errc::invalid_argument, "QuorumLockService::acquire blocks: use async_acquire on an event-loop thread");
   std::promise<std::optional<QuorumLock>> p;
   auto f = p.get_future();
@@ -429,7 +450,7 @@ std::chrono::milliseconds QuorumLock::validity_left() const noexcept {
 void QuorumLock::async_release(std::function<void(std::size_t)> done) {
   if (!service_) throw Error(errc::invalid_argument, "release of a moved-from QuorumLock");
   if (!held_) {
-    asio::post(service_->instance(0).get_executor(), [done = std::move(done)] { done(0); });
+    asio::post(QuorumLockService::Impl::loop(*service_), [done = std::move(done)] { done(0); });
     return;
   }
   held_ = false;
@@ -438,7 +459,7 @@ void QuorumLock::async_release(std::function<void(std::size_t)> done) {
 
 std::size_t QuorumLock::release() {
   if (!held_ || !service_) return 0;
-  if (in_any_loop(*service_))
+  if (QuorumLockService::Impl::in_any_loop(*service_))
     throw Error(errc::invalid_argument, "QuorumLock::release blocks: use async_release on an event-loop thread");
   std::promise<std::size_t> p;
   auto f = p.get_future();
@@ -448,7 +469,7 @@ std::size_t QuorumLock::release() {
 
 bool QuorumLock::extend(std::chrono::milliseconds ttl) {
   if (!held_ || !service_) return false;
-  if (in_any_loop(*service_))
+  if (QuorumLockService::Impl::in_any_loop(*service_))
     throw Error(errc::invalid_argument, "QuorumLock::extend blocks: not on an event-loop thread");
   if (ttl.count() <= 0) ttl = ttl_;
   if (ttl < ms(10)) throw Error(errc::invalid_argument, "quorum lock ttl must be >= 10 ms");
@@ -480,14 +501,14 @@ struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
   mutable std::mutex mu;  // reason, on_lost
   std::string reason;
   std::function<void(LeaseState, const std::string&)> on_lost;
-  // Touched only on instance 0's event loop, like everything below.
+  // Touched only on the service's event loop, like everything below.
   asio::steady_timer timer;
   bool renewing = false;
   Clock::time_point next_renewal{};
   std::mt19937_64 rng{std::random_device{}()};
 
   State(QuorumLock l, const LeaseOptions& o)
-      : lock(std::move(l)), opts(o), svc(lock.service_), timer(svc->instance(0).get_executor()) {}
+      : lock(std::move(l)), opts(o), svc(lock.service_), timer(QuorumLockService::Impl::loop(*svc).get_executor()) {}
   // The lease's own paths release (or not, when lost): never the lock's destructor.
   ~State() { lock.detach(); }
 
@@ -547,6 +568,15 @@ struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
     renewing = false;
     if (state.load() != LeaseState::active) return;
     const auto now = Clock::now();
+    if (now >= until()) {
+      // The safe time ran out while the renewal was out: the holder may
+      // already have been told it has none (safe_time_left), so it is lost
+      // even if the renewal then succeeds.
+      lose(LeaseState::expired, fmt::format("quorum lease on {} lost: the safe time ran out before a majority ({} "
+                                            "of {}) acknowledged a renewal",
+                                            lock.key(), svc->quorum(), svc->size()));
+      return;
+    }
     const auto until_new = sent + lock.ttl() - drift;
     const std::size_t n = svc->size(), q = svc->quorum();
     if (t.ok >= q && now < until_new) {
@@ -592,7 +622,8 @@ QuorumLease QuorumLease::adopt(QuorumLock lock, const LeaseOptions& opts) {
   auto s = std::make_shared<State>(std::move(lock), opts);
   s->period = opts.renew_every.count() > 0 ? opts.renew_every : std::max(ms(1), s->lock.ttl() / 3);
   s->drift = opts.drift.count() > 0 ? opts.drift : s->lock.drift_;
-  s->safe_until.store((s->lock.acquired_at() + s->lock.ttl() - s->drift).time_since_epoch().count());
+  // valid_until is the last grant or extension's send time + ttl - the lock's drift.
+  s->safe_until.store((s->lock.valid_until() + s->lock.drift_ - s->drift).time_since_epoch().count());
   s->next_renewal = s->lock.acquired_at() + s->jittered();
   asio::post(s->timer.get_executor(), [s] { s->tick(); });
   return QuorumLease(std::move(s));
@@ -671,7 +702,7 @@ bool QuorumLease::release() {
   auto expected = LeaseState::active;
   if (!s->state.compare_exchange_strong(expected, LeaseState::released)) return false;
   asio::post(s->timer.get_executor(), [s] { s->timer.cancel(); });
-  if (in_any_loop(*s->svc)) {
+  if (QuorumLockService::Impl::in_any_loop(*s->svc)) {
     s->lock.async_release([s](std::size_t) {});
     return true;
   }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
 
@@ -403,6 +404,37 @@ TEST_F(QuorumShortMaxTtl, AllInstancesQuarantinedIsServerBusyNamingThem) {
     EXPECT_NE(std::string(e.what()).find("lost lock state"), std::string::npos) << e.what();
   }
   EXPECT_THROW(svc->acquire(resource(), QuorumOptions{.ttl = 2000ms}), Error) << "ttl above max_ttl accepted";
+}
+
+TEST_F(QuorumTest, AsyncAcquireAnswersOnAnEventLoopAndBlockingCallsAreRefusedThere) {
+  std::promise<std::optional<QuorumLock>> p;
+  std::atomic<bool> refused_blocking{false};
+  svc->async_acquire(resource(), QuorumOptions{.ttl = 5s}, [&](const Error& e, std::optional<QuorumLock> l) {
+    EXPECT_FALSE(e) << e.what();
+    try {
+      svc->acquire("q:other", QuorumOptions{.ttl = 5s});
+    } catch (const Error& be) {
+      refused_blocking = be.code() == make_error_code(errc::invalid_argument);
+    }
+    p.set_value(std::move(l));
+  });
+  auto l = p.get_future().get();
+  ASSERT_TRUE(l);
+  EXPECT_TRUE(refused_blocking.load());
+  EXPECT_EQ(holding(l->token()), 3u);
+  std::promise<std::size_t> released;
+  l->async_release([&](std::size_t n) { released.set_value(n); });
+  EXPECT_EQ(released.get_future().get(), 3u);
+  EXPECT_EQ(existing(), 0u);
+}
+
+TEST_F(QuorumTest, AQuorumOfOneIsAOneInstanceLock) {
+  auto one = QuorumLockService::create({clients[0].get()});
+  EXPECT_EQ(one->quorum(), 1u);
+  auto l = one->acquire(resource(), QuorumOptions{.ttl = 5s, .fence = true});
+  ASSERT_TRUE(l && l->fence());
+  EXPECT_EQ(l->granted(), 1u);
+  EXPECT_FALSE(one->acquire(resource(), QuorumOptions{.ttl = 5s}));
 }
 
 TEST_F(QuorumTest, BadArgumentsAreRefused) {
