@@ -237,9 +237,11 @@ struct QuorumLockService::Impl {
           default: ++refused; break;
         }
       }
-      const auto elapsed = std::chrono::duration_cast<ms>(Clock::now() - sent);
-      const auto validity = opts.ttl - elapsed - drift;
-      if (granted >= q && validity > ms(0)) {
+      // On the clock itself, not in whole milliseconds: a truncated elapsed
+      // would overstate the validity by up to 1 ms.
+      const auto now = Clock::now();
+      const auto elapsed = std::chrono::duration_cast<ms>(now - sent);
+      if (granted >= q && now < sent + opts.ttl - drift) {
         if (!opts.fence) return succeed(sent, granted, std::nullopt);
         return raise_fence(sent, fence);
       }
@@ -282,8 +284,9 @@ struct QuorumLockService::Impl {
             std::size_t ok = 0;
             for (const auto& o : out)
               if (!o.ec && o.reply.is_integer() && o.reply.integer == 1) ++ok;
-            const auto elapsed = std::chrono::duration_cast<ms>(Clock::now() - sent);
-            if (ok >= self->svc->quorum() && self->opts.ttl - elapsed - self->drift > ms(0))
+            const auto now = Clock::now();
+            const auto elapsed = std::chrono::duration_cast<ms>(now - sent);
+            if (ok >= self->svc->quorum() && now < sent + self->opts.ttl - self->drift)
               return self->succeed(sent, ok, fence);
             self->undo_then_retry(Error(
                 errc::timeout,
