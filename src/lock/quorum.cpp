@@ -511,6 +511,7 @@ struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
   asio::steady_timer timer;
   bool renewing = false;
   Clock::time_point next_renewal{};
+  std::string last_failures;  // the last renewal's unanswered instances, for the reason
   std::mt19937_64 rng{std::random_device{}()};
 
   State(QuorumLock l, const LeaseOptions& o)
@@ -555,8 +556,9 @@ struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
     }
     if (now >= until()) {
       lose(LeaseState::expired, fmt::format("quorum lease on {} lost: no renewal acknowledged by a majority ({} of {}) "
-                                            "within the safe time",
-                                            lock.key(), svc->quorum(), svc->size()));
+                                            "within the safe time{}{}",
+                                            lock.key(), svc->quorum(), svc->size(), last_failures.empty() ? "" : "; last: ",
+                                            last_failures));
       return;
     }
     if (!renewing && now >= next_renewal) {
@@ -598,6 +600,7 @@ struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
     } else {
       // Too few answered: try again soon, until the safe time runs out.
       next_renewal = now + std::max(ms(1), period / 4);
+      last_failures = t.failures;
     }
     arm();
   }

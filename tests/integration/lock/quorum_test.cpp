@@ -303,6 +303,7 @@ TEST_F(QuorumTest, LeaseExpiresWhenAMajorityStopsAnswering) {
   servers[1]->pause();
   ASSERT_TRUE(eventually([&] { return lease.lost(); }, 10s));
   EXPECT_EQ(lease.state(), LeaseState::expired) << lease.reason();
+  EXPECT_NE(lease.reason().find(clients[0]->address()), std::string::npos) << lease.reason();
   // It said so no later than the safe time's end plus one renewal's deadline.
   EXPECT_LE(Clock::now() - lease.deadline(), 1000ms);
   servers[0]->resume();
