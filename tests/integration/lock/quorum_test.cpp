@@ -372,6 +372,20 @@ TEST_F(QuorumTest, FencesStayIncreasingWhenOneInstanceIsFlushedAndItIsQuarantine
   EXPECT_EQ(admin(1, "EXISTS " + svc->keys().fence_key(resource())), "0");
 }
 
+TEST_F(QuorumTest, ASingleServerLockServiceHonoursTheQuarantineAQuorumVoteRecorded) {
+  admin(1, "FLUSHALL");
+  auto l = svc->acquire(resource(), QuorumOptions{.ttl = 5s});
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->granted(), 2u);
+  auto single = LockService::create(*clients[1]);
+  try {
+    single->acquire("q:single", LockOptions{.ttl = 5s});
+    FAIL() << "the single-server lock granted on a quarantined server";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << e.what();
+  }
+}
+
 class QuorumShortMaxTtl : public QuorumTest {
  protected:
   QuorumShortMaxTtl() { max_ttl = 1500ms; }
