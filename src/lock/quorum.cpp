@@ -403,11 +403,15 @@ std::optional<QuorumLock> QuorumLockService::acquire(std::string_view resource, 
   std::promise<std::optional<QuorumLock>> p;
   auto f = p.get_future();
   async_acquire(std::string(resource), opts, [&p](const Error& e, std::optional<QuorumLock> l) {
-    // An unshared copy of the text, as LockService::acquire does: the loop
-    // frees its own after this returns, and TSan cannot see the exception's
-    // reference count in the uninstrumented libstdc++ (tests/tsan_suppressions.cpp).
-    if (e) p.set_exception(std::make_exception_ptr(Error(e.code(), std::string(e.detail()), e.source())));
-    else p.set_value(std::move(l));
+    if (!e) return p.set_value(std::move(l));
+    // A copy whose text nothing on this thread shares once the caller can
+    // see it: the temporary dies before set_exception, in its own statement
+    // (as LockService::acquire's caller_exception). Otherwise the loop frees
+    // shared text after the caller read it, ordered only by the exception's
+    // reference count, which TSan cannot see in the uninstrumented libstdc++
+    // (tests/tsan_suppressions.cpp).
+    std::exception_ptr ep = std::make_exception_ptr(Error(e.code(), std::string(e.detail()), e.source()));
+    p.set_exception(std::move(ep));
   });
   return f.get();
 }
