@@ -386,6 +386,37 @@ TEST_F(QuorumTest, ASingleServerLockServiceHonoursTheQuarantineAQuorumVoteRecord
   }
 }
 
+TEST_F(QuorumTest, AnInstanceThatForgetsTheHoldersVoteIsQuarantinedSoNoSecondHolderIsGranted) {
+  // The holder's majority is {0, 1}: a stranger has instance 2.
+  admin(2, "SET " + key() + " stranger PX 30000");
+  auto holder = svc->acquire(resource(), QuorumOptions{.ttl = 20s});
+  ASSERT_TRUE(holder);
+  ASSERT_EQ(holder->granted(), 2u);
+  // Instance 1 restarts without persistence: the holder's vote there is gone,
+  // and the stranger leaves instance 2.
+  servers[1]->kill();
+  servers[1]->start();
+  admin(2, "DEL " + key());
+  ASSERT_TRUE(eventually([&] {
+    try {
+      return clients[1]->exec(redis::Command{"PING"}).str == "PONG";
+    } catch (const Error&) {
+      return false;
+    }
+  }, 10s));
+  // {1, 2} would be a majority for a second holder. Instance 1 votes no
+  // until its max TTL is over.
+  EXPECT_FALSE(svc->acquire(resource(), QuorumOptions{.ttl = 20s})) << "two holders at once";
+  EXPECT_NE(admin(1, "HGET jobguard:epoch reason").find("no lock-state record"), std::string::npos);
+  // Without the quarantine that is exactly what happens: the hazard the
+  // Redlock description's "delayed restart" is for.
+  admin(1, "DEL jobguard:epoch");
+  auto second = svc->acquire(resource(), QuorumOptions{.ttl = 20s, .quarantine = false});
+  ASSERT_TRUE(second) << "the hazard did not reproduce: this test would not see a missing quarantine";
+  EXPECT_EQ(second->granted(), 2u);
+  EXPECT_TRUE(holder->held());
+}
+
 class QuorumShortMaxTtl : public QuorumTest {
  protected:
   QuorumShortMaxTtl() { max_ttl = 1500ms; }
