@@ -104,8 +104,8 @@ class QuorumLock {
   bool extend(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
 
   // The non-blocking release: `done` runs on an instance's event loop or
-  // the service's own, never inside the call, with the number of instances that released. The
-  // QuorumLock must outlive the call only until it returns.
+  // the service's own, never inside the call, with the number of instances
+  // that released. The QuorumLock must outlive the call only until it returns.
   void async_release(std::function<void(std::size_t released)> done);
 
   // Forget the lock without releasing it (it expires by its TTL).
