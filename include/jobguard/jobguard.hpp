@@ -28,6 +28,7 @@
 #include "jobguard/async.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/quorum.hpp"
 
 // jobguard::guard (FenceCheck, the Redis stores) and jobguard::pg (the Pg* classes)
 #include "jobguard/guard/completion.hpp"
