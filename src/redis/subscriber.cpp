@@ -51,6 +51,10 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
     std::shared_ptr<detail::Connection> conn;
     std::string address;
     bool ping_in_flight = false;
+    // No channel was placed on it at the last heartbeat either: closed at
+    // this one (a node left behind by a failover or a slot's move, or whose
+    // waiters are all gone, is not dialled and pinged forever).
+    bool idle_seen = false;
     // SUNSUBSCRIBEs we sent on this connection whose confirmation is due:
     // the confirmation and the server's own unsubscribe when a slot leaves the
     // node are the same ["sunsubscribe", channel, n] push; these counts tell
@@ -485,7 +489,24 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
   // which moves its channels to the new primary.
   void ping_nodes() {
     bool lost_node = false;
-    for (auto& [where, n] : nodes) {
+    std::unordered_set<std::string> in_use;
+    for (const auto& [ch, w] : placed) in_use.insert(w);
+    std::vector<std::shared_ptr<Node>> idle;
+    for (auto it = nodes.begin(); it != nodes.end();) {
+      auto& n = it->second;
+      if (in_use.count(it->first)) {
+        n->idle_seen = false;
+      } else if (!n->idle_seen) {
+        n->idle_seen = true;
+      } else {
+        // Two heartbeats without a channel: its subscriptions (none, or
+        // SUNSUBSCRIBEs still unconfirmed) end with the connection.
+        idle.push_back(std::move(n));
+        it = nodes.erase(it);
+        continue;
+      }
+      const std::string& where = it->first;
+      ++it;
       if (!n->conn->ready()) {
         for (auto& [ch, w] : placed)
           if (w == where && wanted(ch)) lost_node = true;
@@ -498,6 +519,9 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
         if (auto nn = wn.lock()) nn->ping_in_flight = false;
       });
     }
+    // Closed once out of the map: a completion the close runs may place a
+    // channel (and so add a node) again.
+    for (auto& n : idle) n->conn->close();
     if (lost_node) ask_map();
   }
 

@@ -43,16 +43,20 @@ std::vector<Range> slots(std::uint16_t port) {
 }
 }  // namespace
 
+namespace {
+std::unique_ptr<EmbeddedRedis> make_node() {
+  EmbeddedRedisOptions o;
+  // The bus defaults to port + 10000, which for an ephemeral port may be
+  // out of range or taken: a free one of its own. node-timeout 1 s keeps a
+  // failover quick.
+  o.extra_args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout",
+                  "1000", "--cluster-port", std::to_string(pick_free_port()), "--repl-diskless-sync-delay", "0"};
+  return std::make_unique<EmbeddedRedis>(o);
+}
+}  // namespace
+
 ClusterRedis::ClusterRedis(int primaries, int replicas_each) : primaries_(primaries), replicas_each_(replicas_each) {
-  for (int i = 0; i < primaries * (1 + replicas_each); ++i) {
-    EmbeddedRedisOptions o;
-    // The bus defaults to port + 10000, which for an ephemeral port may be
-    // out of range or taken: a free one of its own. node-timeout 1 s keeps a
-    // failover quick.
-    o.extra_args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout",
-                    "1000", "--cluster-port", std::to_string(pick_free_port()), "--repl-diskless-sync-delay", "0"};
-    nodes_.push_back(std::make_unique<EmbeddedRedis>(o));
-  }
+  for (int i = 0; i < primaries * (1 + replicas_each); ++i) nodes_.push_back(make_node());
 }
 
 ClusterRedis::~ClusterRedis() = default;
@@ -62,7 +66,20 @@ std::string ClusterRedis::on(std::uint16_t port, const std::string& command) {
 }
 
 void ClusterRedis::start(std::chrono::milliseconds timeout) {
-  for (auto& n : nodes_) n->start();
+  for (auto& n : nodes_) {
+    // A bus port found free when the node was made may be taken by now (a
+    // test running beside us): EmbeddedRedis retries its own port, not the
+    // bus's, so a node that will not start is made again with another.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        n->start();
+        break;
+      } catch (const std::exception&) {
+        if (attempt == 4) throw;
+        n = make_node();
+      }
+    }
+  }
   std::vector<std::string> args = {"redis-cli", "--cluster", "create"};
   for (auto& n : nodes_) args.push_back(fmt::format("127.0.0.1:{}", n->port()));
   args.insert(args.end(), {"--cluster-replicas", std::to_string(replicas_each_), "--cluster-yes"});

@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <future>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/redis/subscriber.hpp"
 #include "redis/cluster.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/redis_fixture.hpp"
@@ -204,4 +207,63 @@ TEST_F(ClusterClient, TheSlotMapComesFromClusterShards) {
   // CLUSTER SLOTS (the one call of each is the test's own, above).
   EXPECT_GE(calls("shards") - shards_before, 2);
   EXPECT_EQ(calls("slots") - slots_before, 1);
+}
+
+// A subscriber's connection to a node none of its channels live on any more
+// (the waiters left, a failover or a slot's move took them elsewhere) is
+// closed at the second heartbeat without one, not dialled and pinged for the
+// process's life; a node that still holds a channel keeps its connection and
+// delivers.
+TEST_F(ClusterClient, ASubscriberClosesTheConnectionOfANodeItNoLongerUses) {
+  auto o = options();
+  o.client_name = "sub-idle-test";
+  o.subscriber_ping_interval = 100ms;
+  redis::Client client(o);
+  ASSERT_TRUE(client.wait_connected(5s));
+  // Two channels, on two different primaries.
+  std::map<std::uint16_t, std::string> by_primary;
+  for (int i = 0; by_primary.size() < 2 && i < 1000; ++i) {
+    const auto ch = fmt::format("chan:{{idle{}}}", i);
+    by_primary.emplace(cluster->primary_of(redis::detail::key_slot(ch)), ch);
+  }
+  ASSERT_EQ(by_primary.size(), 2u);
+  const auto [gone_port, gone_ch] = *by_primary.begin();
+  const auto [kept_port, kept_ch] = *std::next(by_primary.begin());
+  auto ours_on = [&](std::uint16_t port) {
+    const auto list = cluster->on(port, "CLIENT LIST");
+    std::size_t n = 0;
+    for (auto at = list.find("name=sub-idle-test"); at != std::string::npos; at = list.find("name=sub-idle-test", at + 1))
+      ++n;
+    return n;
+  };
+  redis::Subscriber sub(client);
+  std::promise<void> ready_gone, ready_kept;
+  std::mutex mu;
+  std::vector<std::string> got;
+  const auto id_gone = sub.subscribe(gone_ch, [](const std::string&, const std::string&) {},
+                                     [&] { ready_gone.set_value(); });
+  sub.subscribe(
+      kept_ch,
+      [&](const std::string&, const std::string& m) {
+        std::lock_guard<std::mutex> g(mu);
+        got.push_back(m);
+      },
+      [&] { ready_kept.set_value(); });
+  ASSERT_EQ(ready_gone.get_future().wait_for(10s), std::future_status::ready);
+  ASSERT_EQ(ready_kept.get_future().wait_for(10s), std::future_status::ready);
+  const auto with_channel = ours_on(gone_port);
+  ASSERT_GE(with_channel, 2u) << "the client's own connection and the subscriber's";
+  sub.unsubscribe(id_gone);
+  EXPECT_TRUE(eventually([&] { return ours_on(gone_port) == with_channel - 1; }, 10s))
+      << ours_on(gone_port) << " connections named sub-idle-test on the node left";
+  // Several heartbeats later the node in use still has its connection and delivers.
+  std::this_thread::sleep_for(400ms);
+  EXPECT_GE(ours_on(kept_port), 2u);
+  cluster->on(kept_port, "SPUBLISH " + kept_ch + " hello");
+  EXPECT_TRUE(eventually(
+      [&] {
+        std::lock_guard<std::mutex> g(mu);
+        return got.size() == 1 && got[0] == "hello";
+      },
+      5s));
 }
