@@ -672,7 +672,8 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
 awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& run_id, const std::string& owner,
                                                bool idem_ok, const std::string& result) {
   auto& svc = leases_->service();
-  std::vector<std::string> keys{fused_->completions->key_for(cls_.name, a.resource, run_id), a.lock->key()};
+  std::vector<std::string> keys{fused_->completions->key_for(cls_.name, a.resource, run_id), a.lock->key(),
+                                svc.keys().waiters_key(a.resource)};
   if (idem_ok) keys.push_back(fused_->idempotency->key_for(step_idempotency_key(cls_.name, a.resource, run_id)));
   std::vector<std::string> args{a.lock->token(), svc.keys().channel(a.resource), b_.worker, result,
                                 fused_->record_retention, owner, fused_->idem_retention,

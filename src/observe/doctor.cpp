@@ -299,6 +299,10 @@ CheckResult check_sentinel(redis::Client& c) {
     o.host = a.host;
     o.port = a.port;
     o.password = so.password;
+    if (so.tls) {
+      o.tls = c.options().tls;
+      o.tls.enabled = true;
+    }
     o.connect_timeout = std::chrono::milliseconds(500);
     o.command_timeout = std::chrono::milliseconds(1000);
     o.on_warning = [](const std::string&) {};

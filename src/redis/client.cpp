@@ -106,7 +106,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     if (opts.recycle_after_timeouts < 0) throw Error(errc::invalid_argument, "recycle_after_timeouts must be >= 0");
     if (opts.subscriber_ping_interval.count() < 0)
       throw Error(errc::invalid_argument, "subscriber_ping_interval must be >= 0");
-    if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
+    if (opts.tls.enabled || opts.sentinel.tls) ssl = detail::make_tls_context(opts.tls);
     for (int i = 0; i < opts.connections; ++i)
       conns.push_back(std::make_shared<Connection>(*ctx, opts, ssl, stats));
     if (opts.cluster) {

@@ -251,7 +251,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     so.keepalive = false;
     so.recycle_after_timeouts = 0;
     so.on_warning = opts_.on_warning;
-    auto probe = std::make_shared<Connection>(ctx_, so, nullptr, std::make_shared<SharedStats>());
+    // The client made ssl_ for either side that wants TLS (make_tls_context
+    // holds the CA, client certificate and verify mode, not a host name).
+    if (opts_.sentinel.tls) {
+      so.tls = opts_.tls;
+      so.tls.enabled = true;
+    }
+    auto probe = std::make_shared<Connection>(ctx_, so, opts_.sentinel.tls ? ssl_ : nullptr,
+                                              std::make_shared<SharedStats>());
     probe->set_probe();
     probe->start();
     auto self = shared_from_this();

@@ -81,7 +81,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
         retry_timer(c.context()) {
     // A context of its own, built from the same options as the client's, so
     // the server is verified the same way (the client validated the files).
-    if (opts.tls.enabled) ssl = detail::make_tls_context(opts.tls);
+    if (opts.tls.enabled || opts.sentinel.tls) ssl = detail::make_tls_context(opts.tls);
     // The subscriber's connection is not one of the client's: naming it apart
     // lets `CLIENT LIST` tell them apart.
     if (!opts.client_name.empty()) opts.client_name += "-sub";

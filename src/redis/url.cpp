@@ -61,10 +61,12 @@ ConnectionOptions parse_url(std::string_view url) {
   if (scheme_end == std::string_view::npos)
     throw Error(errc::invalid_url, "missing scheme in the Redis URL (expected redis:// or rediss://)");
   const std::string_view scheme = rest.substr(0, scheme_end);
-  const bool sentinel = scheme == "redis+sentinel";
+  const bool sentinel = scheme == "redis+sentinel" || scheme == "rediss+sentinel";
   if (scheme == "rediss") o.tls.enabled = true;
+  else if (scheme == "rediss+sentinel") o.tls.enabled = o.sentinel.tls = true;
   else if (scheme != "redis" && !sentinel)
-    bad(url, fmt::format("unsupported scheme \"{}\" (expected redis, rediss or redis+sentinel)", escape_text(scheme, 32)));
+    bad(url, fmt::format("unsupported scheme \"{}\" (expected redis, rediss, redis+sentinel or rediss+sentinel)",
+                         escape_text(scheme, 32)));
   rest.remove_prefix(scheme_end + 3);
 
   // userinfo first, and up to the last '@': a password may hold a raw '/',
@@ -196,6 +198,7 @@ ConnectionOptions parse_url(std::string_view url) {
     else if (key == "waitaof") o.lock_waitaof = parse_bool(val, url, key);
     else if (key == "sentinel_password" && sentinel) o.sentinel.password = val;
     else if (key == "sentinel_check" && sentinel) o.sentinel.check_interval = dur("sentinel_check");
+    else if (key == "sentinel_tls" && sentinel) o.sentinel.tls = parse_bool(val, url, key);
     else if (key == "cluster") o.cluster = parse_bool(val, url, key);
     else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
     else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
@@ -229,7 +232,10 @@ std::string to_display_url(const ConnectionOptions& o) {
       const bool v6 = a.host.find(':') != std::string::npos;
       list += fmt::format("{}{}{}{}:{}", list.empty() ? "" : ",", v6 ? "[" : "", a.host, v6 ? "]" : "", a.port);
     }
-    return fmt::format("redis+sentinel://{}{}/{}/{}", auth, list, escape_text(o.sentinel.master_name, 64), o.db);
+    // The scheme says the data nodes' TLS; the sentinels' is said when it differs.
+    const char* tls_note = o.sentinel.tls == o.tls.enabled ? "" : o.sentinel.tls ? "?sentinel_tls=yes" : "?sentinel_tls=no";
+    return fmt::format("{}://{}{}/{}/{}{}", o.tls.enabled ? "rediss+sentinel" : "redis+sentinel", auth, list,
+                       escape_text(o.sentinel.master_name, 64), o.db, tls_note);
   }
   const bool v6 = o.host.find(':') != std::string::npos;
   // A cluster seed says so: the host is one node of several, not the server.

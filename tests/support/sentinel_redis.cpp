@@ -60,7 +60,7 @@ void SentinelRedis::start(std::chrono::milliseconds timeout) {
   data_->start();
   const std::uint16_t primary = data_->primary().port();
   for (auto& s : sentinels_) {
-    EmbeddedRedisOptions o;
+    EmbeddedRedisOptions o = sentinel_base_;
     // down-after 1 s, failover-timeout 2 s: the production defaults (30 s,
     // 3 min) would make a test of a failover last minutes.
     o.config_text = fmt::format(
@@ -72,6 +72,14 @@ void SentinelRedis::start(std::chrono::milliseconds timeout) {
     o.extra_args = {"--sentinel"};
     s = std::make_unique<EmbeddedRedis>(o);
     s->start();
+    // With TLS the sentinels tell each other their TLS ports (as a TLS-only
+    // deployment, port 0, would): a client learns the others from SENTINEL
+    // sentinels and must reach them over TLS too.
+    if (s->tls_port() != 0) {
+      const auto r = redis_command_at("127.0.0.1", s->port(),
+                                      fmt::format("SENTINEL CONFIG SET announce-port {}", s->tls_port()));
+      if (r != "OK") throw std::runtime_error("SENTINEL CONFIG SET announce-port: " + r);
+    }
   }
   const int replicas = static_cast<int>(data_->replica_count());
   const int others = static_cast<int>(sentinels_.size()) - 1;
@@ -98,6 +106,18 @@ std::string SentinelRedis::url(const std::string& query) const {
   std::string list;
   for (const auto& s : sentinels_) list += fmt::format("{}127.0.0.1:{}", list.empty() ? "" : ",", s->port());
   return fmt::format("redis+sentinel://{}/{}{}{}", list, master_, query.empty() ? "" : "?", query);
+}
+
+void SentinelRedis::sentinel_tls(std::string cert_file, std::string key_file, std::string ca_file) {
+  sentinel_base_.tls_cert_file = std::move(cert_file);
+  sentinel_base_.tls_key_file = std::move(key_file);
+  sentinel_base_.tls_ca_file = std::move(ca_file);
+}
+
+std::string SentinelRedis::tls_url(const std::string& query) const {
+  std::string list;
+  for (const auto& s : sentinels_) list += fmt::format("{}127.0.0.1:{}", list.empty() ? "" : ",", s->tls_port());
+  return fmt::format("redis+sentinel://{}/{}?sentinel_tls=yes{}{}", list, master_, query.empty() ? "" : "&", query);
 }
 
 std::uint16_t SentinelRedis::primary_port(std::size_t i) {

@@ -30,6 +30,12 @@ class SentinelRedis {
 
   // redis+sentinel://127.0.0.1:A,127.0.0.1:B,.../mymaster, plus "?query".
   std::string url(const std::string& query = {}) const;
+  // The same with the sentinels' TLS ports and sentinel_tls=yes (the data
+  // nodes stay plain), plus "&query". Needs sentinel_tls() before start().
+  std::string tls_url(const std::string& query = {}) const;
+  // Before start(): the sentinels also listen with TLS (--tls-port) on this
+  // certificate; they still talk to the data nodes and each other in plain.
+  void sentinel_tls(std::string cert_file, std::string key_file, std::string ca_file);
   const std::string& master_name() const noexcept { return master_; }
   ReplicatedRedis& data() { return *data_; }
   EmbeddedRedis& sentinel(std::size_t i) { return *sentinels_.at(i); }
@@ -49,6 +55,7 @@ class SentinelRedis {
 
  private:
   std::string master_;
+  EmbeddedRedisOptions sentinel_base_;
   std::unique_ptr<ReplicatedRedis> data_;
   std::vector<std::unique_ptr<EmbeddedRedis>> sentinels_;
 };

@@ -42,6 +42,12 @@ struct SentinelOptions {
   // until this check notices, calls still go to it. Default 1 s; 0 = only
   // after an error (not recommended).
   std::chrono::milliseconds check_interval{1000};
+  // TLS to the sentinels themselves, with the data nodes' TLS settings (CA,
+  // client certificate, verify; the SNI and the name checked are the
+  // sentinel's host unless `sni` names one). Set by the scheme
+  // rediss+sentinel:// (TLS to both), or the URL option `sentinel_tls` alone
+  // (sentinels and data nodes often differ: TLS only in front of one).
+  bool tls = false;
 };
 
 struct ConnectionOptions {

@@ -9,6 +9,9 @@
 
 #include <atomic>
 #include <fstream>
+#include <future>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -612,6 +615,91 @@ TEST_F(RunnerTest, ClockAndRegistryComeFromTheLockServiceOrTheBackends) {
 // finish (key completed, record written, lock released): the client counts
 // what it sent. The lock's numbers are counted as the step-by-step path
 // counts them.
+// The one-call finish releases like Lock::release: it wakes the waiter that
+// has waited longest (the head of the default-mode line), not the herd. The
+// line is reversed by hand: Redis hands a message to a channel's subscribers
+// in the order they subscribed, so a herd would be won in arrival order.
+TEST_F(RunnerTest, OneCallFinishWakesTheLongestWaitingWaiterNotTheHerd) {
+  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
+  auto own = LeaseScheduler::create(svc);
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  cls.ttl = 30s;  // no renewal while the test counts commands
+  job::GuardedRunner runner(own, cls, {.completions = &done, .idempotency = &idem});
+  for (const char* id : {"48", "49"})
+    ASSERT_EQ(runner.run({.id = id, .run_id = "r"}, [](job::JobContext&) { return std::string("ok"); }).outcome,
+              Outcome::completed);
+  std::promise<void> inside, go;
+  auto go_f = go.get_future().share();
+  std::thread job([&] {
+    auto r = runner.run({.id = "50", .run_id = "r"}, [&](job::JobContext&) {
+      inside.set_value();
+      go_f.wait_for(20s);
+      return std::string("ok");
+    });
+    EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  });
+  ASSERT_EQ(inside.get_future().wait_for(10s), std::future_status::ready);
+  const std::string resource = "invoice:50";
+  const std::string line = KeyBuilder(prefix()).waiters_key(resource);
+  const LockOptions slow{.ttl = 10s, .wait = 20s, .backoff_min = 10s, .backoff_max = 10s};
+  std::vector<std::unique_ptr<redis::Client>> clients;
+  std::vector<std::shared_ptr<LockService>> services;
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::optional<Lock>> held(2);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(std::make_unique<redis::Client>(options()));
+    ASSERT_TRUE(clients.back()->wait_connected(5s));
+    services.push_back(
+        LockService::create(*clients.back(), LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}}));
+    waiters.emplace_back([&, i] {
+      auto l = services[i]->acquire(resource, slow);
+      std::lock_guard g(mu);
+      order.push_back(i);
+      held[i] = std::move(l);
+    });
+    ASSERT_TRUE(test::eventually([&] { return client->exec({"ZCARD", line}).integer == i + 1; }, 5s));
+  }
+  auto in_line = client->exec(redis::Command{"ZRANGE", line, "0", "-1", "WITHSCORES"});
+  ASSERT_TRUE(in_line.is_array() && in_line.elements.size() == 4);
+  client->exec(redis::Command{"ZADD", line, "XX", in_line.elements[1].str, in_line.elements[2].str,
+                              in_line.elements[3].str, in_line.elements[0].str});
+  // The waiter behind the head: a herd would have it try too (one call on
+  // its client); its own poll is 5-10 s away.
+  const auto behind0 = clients[0]->stats().commands;
+  const auto c0 = client->stats().commands;
+  go.set_value();
+  job.join();
+  EXPECT_EQ(client->stats().commands - c0, 1u) << "the one-call finish";
+  auto granted = [&] {
+    std::lock_guard g(mu);
+    return order.size();
+  };
+  ASSERT_TRUE(test::eventually([&] { return granted() == 1; }, 5s)) << "the finish woke nobody (their poll is 10 s)";
+  std::this_thread::sleep_for(100ms);
+  {
+    std::lock_guard g(mu);
+    EXPECT_EQ(order, std::vector<int>{1}) << "the head of the line, not the first subscriber";
+  }
+  EXPECT_EQ(clients[0]->stats().commands, behind0) << "the waiter behind the head was woken too (a herd)";
+  EXPECT_EQ(client->exec({"ZCARD", line}).integer, 1);
+  {
+    std::lock_guard g(mu);
+    ASSERT_TRUE(held[order.back()]);
+    EXPECT_TRUE(held[order.back()]->release());
+  }
+  ASSERT_TRUE(test::eventually([&] { return granted() == 2; }, 5s));
+  for (auto& t : waiters) t.join();
+  ASSERT_TRUE(held[order[1]]) << "the second waiter, woken by the first's release";
+  EXPECT_TRUE(held[order[1]]->release());
+  held.clear();
+  services.clear();
+}
+
 TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   // No state-gate recheck during the test: its check would be a command too.
   auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <set>
+#include <thread>
 
 #include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
@@ -124,8 +125,12 @@ TEST_F(ClusterAdmin, ForceReleaseOnEveryShardIsAuditedInItsSlotAndReadBackNewest
     // The record is in the resource's own stream, on the resource's primary.
     EXPECT_EQ(std::stoll(cluster->on(port, "XLEN " + admin::audit_key(keys, r))), 1) << r;
     order.push_back(r);
+    // Streams on different nodes are ordered by their ids' milliseconds:
+    // two releases within one millisecond on two shards have no order.
+    std::this_thread::sleep_for(3ms);
   }
   // An operator action of another kind, in the one stream, last.
+  std::this_thread::sleep_for(3ms);
   admin::append_audit(*svc, {.action = "retry_dead_letter", .resource = "queue:x", .who = "ops@test",
                              .reason = "retried"});
   const auto recs = admin::read_audit(*svc, 10);

@@ -13,6 +13,7 @@
 #include "support/redis_fixture.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"
+#include "support/tls_certs.hpp"
 
 namespace jobguard::observe {
 namespace {
@@ -131,6 +132,24 @@ TEST(Doctor, AReplicaFailsTheRoleCheckAndThePrimaryListsIt) {
 // Behind Sentinel: every sentinel asked, the primary they name compared with
 // the client's, the quorum checked; replicas= compared with the replicas
 // connected.
+// Sentinels behind TLS (sentinel_tls=yes): the check asks each over TLS with
+// the URL's CA, as the client does.
+TEST(Doctor, AsksSentinelsBehindTlsOverTls) {
+  test::TlsCerts certs;
+  test::SentinelRedis dep(1, 2);
+  dep.sentinel_tls(certs.server_cert(), certs.server_key(), certs.ca());
+  dep.start();
+  auto o = redis::parse_url(dep.tls_url("ca=" + certs.ca()));
+  o.command_timeout = 3s;
+  o.connect_timeout = 2s;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(10s));
+  auto rs = check_redis(c);
+  const auto& s = find(rs, "sentinel");
+  EXPECT_EQ(s.status, CheckStatus::ok) << dump(rs);
+  EXPECT_NE(s.detail.find("2 of 2 sentinels answer, all name it"), std::string::npos) << s.detail;
+}
+
 TEST(Doctor, UnderstandsASentinelDeploymentAndReplicaConfirmation) {
   test::SentinelRedis dep;
   dep.start();

@@ -1,5 +1,5 @@
 // TLS against redis-server --tls-port, with a CA and server certificate made
-// by the openssl CLI for this test run.
+// by the openssl CLI for this test run (test::TlsCerts).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -11,50 +11,22 @@
 
 #include "helpers.hpp"
 #include "support/redis_fixture.hpp"
+#include "support/sentinel_redis.hpp"
+#include "support/tls_certs.hpp"
 
 using namespace jobguard;
 using namespace jobguard::redis;
 using namespace jobguard::test;
 
-namespace {
-
-void run(const std::string& cmd) {
-  const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  ASSERT_EQ(rc, 0) << "failed: " << cmd;
-}
-
-// Makes a CA; with `leaf`, also a server certificate it signs for
-// IP:127.0.0.1 and DNS:localhost.
-void make_ca(const std::string& dir, const std::string& name) {
-  run(fmt::format(
-      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj '/CN=jobguard test {0}' "
-      "-keyout {1}/{0}.key -out {1}/{0}.crt",
-      name, dir));
-}
-
-}  // namespace
-
 class RedisTls : public jobguard::test::RedisTest {
  protected:
   static void SetUpTestSuite() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "jobguard-tls-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-    make_ca(dir_, "ca");
-    make_ca(dir_, "other-ca");
-    std::ofstream(dir_ + "/ext.cnf") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                                        "basicConstraints=CA:FALSE\n"
-                                        "extendedKeyUsage=serverAuth\n";
-    run(fmt::format("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj '/CN=localhost' "
-                    "-keyout {0}/server.key -out {0}/server.csr",
-                    dir_));
-    run(fmt::format("openssl x509 -req -in {0}/server.csr -CA {0}/ca.crt -CAkey {0}/ca.key -CAcreateserial "
-                    "-days 2 -extfile {0}/ext.cnf -out {0}/server.crt",
-                    dir_));
+    certs_ = new TlsCerts();
+    dir_ = certs_->dir();
   }
   static void TearDownTestSuite() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    delete certs_;
+    certs_ = nullptr;
   }
 
   void SetUp() override {
@@ -76,6 +48,7 @@ class RedisTls : public jobguard::test::RedisTest {
     return o;
   }
 
+  static inline TlsCerts* certs_ = nullptr;
   static inline std::string dir_;
 };
 
@@ -154,4 +127,67 @@ TEST_F(RedisTls, TlsServerKilledWithCallsInFlightFailsThemAndTheClientReconnects
       },
       Ms(5000)));
   EXPECT_GE(c.stats().reconnects, 1u);
+}
+
+// Sentinels behind TLS (sentinel_tls=yes; rediss+sentinel:// is the same with
+// TLS to the data nodes too): the client asks them over TLS, with the data
+// nodes' CA, and finds the primary; a sentinel whose certificate the CA did
+// not sign fails the lookup with a TLS error, not the deadline; a plain
+// question to a TLS port finds nothing.
+TEST_F(RedisTls, SentinelsOverTlsNameThePrimary) {
+  test::SentinelRedis dep(1, 2);
+  dep.sentinel_tls(dir_ + "/server.crt", dir_ + "/server.key", dir_ + "/ca.crt");
+  dep.start();
+  auto opts = [&](const std::string& url) {
+    auto o = parse_url(url);
+    o.connect_timeout = Ms(2000);
+    o.command_timeout = Ms(3000);
+    o.on_warning = [](const std::string&) {};
+    return o;
+  };
+  Client c(opts(dep.tls_url("ca=" + dir_ + "/ca.crt")));
+  ASSERT_TRUE(c.wait_connected(Ms(10000)));
+  const std::uint16_t primary = dep.primary_port();
+  EXPECT_EQ(c.address(), fmt::format("127.0.0.1:{}", primary));
+  EXPECT_EQ(c.exec(Command{"SET", "t:sentinel-tls", "1"}).str, "OK");
+  EXPECT_EQ(redis_command_at("127.0.0.1", primary, "GET t:sentinel-tls"), "1");
+
+  Client wrong_ca(opts(dep.tls_url("ca=" + dir_ + "/other-ca.crt")));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    wrong_ca.exec(Command{"PING"});
+    ADD_FAILURE() << "a sentinel with a certificate of another CA was used";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no sentinel named the primary"), std::string::npos) << what;
+    EXPECT_NE(what.find(fmt::format("127.0.0.1:{}", dep.sentinel(0).tls_port())), std::string::npos) << what;
+  }
+  EXPECT_LT(since(t0), Ms(10000));
+
+  // Without sentinel_tls the same ports answer nothing a client can read.
+  std::string plain = dep.tls_url();
+  plain.replace(plain.find("?sentinel_tls=yes"), std::string("?sentinel_tls=yes").size(), "");
+  Client no_tls(opts(plain));
+  EXPECT_FALSE(no_tls.wait_connected(Ms(1500)));
+
+  // Sentinels learned from the first (SENTINEL sentinels) are asked over TLS
+  // too: with the one in the URL gone, a reconnect finds the primary through
+  // the other.
+  auto one = opts(fmt::format("redis+sentinel://127.0.0.1:{}/{}?sentinel_tls=yes&ca={}&name=tls-learn",
+                              dep.sentinel(0).tls_port(), dep.master_name(), dir_ + "/ca.crt"));
+  Client learner(one);
+  ASSERT_TRUE(learner.wait_connected(Ms(10000)));
+  dep.sentinel(0).kill();
+  redis_command_at("127.0.0.1", primary, "CLIENT KILL TYPE normal");
+  // A call that meets the killed connection fails (it may or may not have
+  // been sent); the next ones go out once the client is back.
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          return learner.exec(Command{"GET", "t:sentinel-tls"}).str == "1";
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      Ms(10000)));
 }

@@ -106,6 +106,22 @@ TEST(ParseUrl, SentinelListMasterNameAndDb) {
   EXPECT_EQ(to_display_url(o), "redis+sentinel://alice:***@10.0.0.1:26380,10.0.0.2:26379,[::1]:26390/billing/3");
   EXPECT_TRUE(parse_url("redis://h").sentinel.sentinels.empty());
   EXPECT_EQ(parse_url("redis+sentinel://s/m").sentinel.sentinels.front().port, 26379);
+  // TLS: rediss+sentinel is TLS to the sentinels and the data nodes;
+  // sentinel_tls says the sentinels' apart.
+  const auto both = parse_url("rediss+sentinel://s1,s2/m?ca=/etc/ca.crt");
+  EXPECT_TRUE(both.tls.enabled);
+  EXPECT_TRUE(both.sentinel.tls);
+  EXPECT_EQ(both.tls.ca_file, "/etc/ca.crt");
+  EXPECT_EQ(to_display_url(both), "rediss+sentinel://s1:26379,s2:26379/m/0");
+  const auto only_sentinels = parse_url("redis+sentinel://s1/m?sentinel_tls=yes");
+  EXPECT_FALSE(only_sentinels.tls.enabled);
+  EXPECT_TRUE(only_sentinels.sentinel.tls);
+  EXPECT_EQ(to_display_url(only_sentinels), "redis+sentinel://s1:26379/m/0?sentinel_tls=yes");
+  const auto only_data = parse_url("rediss+sentinel://s1/m?sentinel_tls=no");
+  EXPECT_TRUE(only_data.tls.enabled);
+  EXPECT_FALSE(only_data.sentinel.tls);
+  EXPECT_EQ(to_display_url(only_data), "rediss+sentinel://s1:26379/m/0?sentinel_tls=no");
+  EXPECT_FALSE(parse_url("redis+sentinel://s1/m").sentinel.tls);
 }
 
 namespace {
@@ -172,6 +188,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis+sentinel:///m", "missing sentinel host"},
                       Bad{"redis+sentinel://h/m/x", "database is not a number"},
                       Bad{"redis://h?sentinel_password=x", "unknown option \"sentinel_password\""},
+                      Bad{"redis://h?sentinel_tls=yes", "unknown option \"sentinel_tls\""},
+                      Bad{"redis+sentinel://h/m?sentinel_tls=maybe", "sentinel_tls"},
                       Bad{"redis://h?replicas=65", "replicas 65 out of range (0..64)"},
                       Bad{"redis://h?replicas=one", "replicas is not a number"},
                       Bad{"redis://h?replicas_timeout=0ms", "replicas_timeout must be positive"},
