@@ -68,7 +68,7 @@ struct CallOptions {
   // view need not outlive it): a view, not a string, so CallOptions stays
   // trivially destructible — g++ 12 destroys a temporary with a destructor
   // inside a co_await expression twice.
-  std::string_view node;
+  std::string_view node{};
 };
 static_assert(std::is_trivially_destructible_v<CallOptions>, "CallOptions is passed as a temporary inside co_await");
 

@@ -15,6 +15,7 @@ int designated_initializers() {
   [[maybe_unused]] redis::ClientStats stats{.commands = 1};
   [[maybe_unused]] redis::Reply reply{.type = redis::Reply::Type::nil};
   [[maybe_unused]] LockOptions lock{.ttl = 30s};
+  [[maybe_unused]] QuorumOptions quorum{.ttl = 10s};
   [[maybe_unused]] LeaseOptions lease{.hard_timeout = 1s};
   [[maybe_unused]] LeaseSchedulerStats lease_stats{.active = 1};
   [[maybe_unused]] guard::CompletionRecord record{.job_kind = "k"};
