@@ -47,7 +47,7 @@ struct Lease::State {
         clock(c),
         metrics(m),
         tl(detail::LeaseTimeline::resolve(lock.ttl(), o), lock.acquired_at()),
-        coalesce(detail::LeaseTimeline::resolve(lock.ttl(), o).coalesce),
+        coalesce(tl.config().coalesce),
         safe_until_ns(tl.safe_until().time_since_epoch().count()) {}
 
   std::shared_ptr<LeaseScheduler> sched;
@@ -104,14 +104,12 @@ struct LeaseScheduler::Impl {
     return d(rng);
   }
 
-  static ms coalesce_of(const Lease::State& s) { return s.coalesce; }
-
   static bool current(const decltype(queue)::Entry& e) { return e.item->queued && e.item->qgen == e.gen; }
 
   void schedule(const std::shared_ptr<Lease::State>& s) {
     dequeue(*s);
     if (s->tl.state() != LeaseState::active) return;
-    max_coalesce = std::max(max_coalesce, std::min(coalesce_of(*s), ms(50)));
+    max_coalesce = std::max(max_coalesce, std::min(s->coalesce, ms(50)));
     queue.push(s->tl.next_wake(), s, ++s->qgen);
     s->queued = true;
     ++queued;
@@ -226,7 +224,7 @@ struct LeaseScheduler::Impl {
     // own window is narrower than the widest) is looked at again next tick.
     queue.take_until(now + max_coalesce, [&](auto& e) {
       if (!current(e)) return true;
-      if (e.at > now && e.at > now + coalesce_of(*e.item)) return false;
+      if (e.at > now + e.item->coalesce) return false;
       dequeue(*e.item);
       due.push_back(std::move(e.item));
       return true;
@@ -236,7 +234,7 @@ struct LeaseScheduler::Impl {
     // lease, which is what the client's CPU (and the server's) pays for.
     std::vector<std::shared_ptr<Lease::State>> batch;
     for (auto& s : due) {
-      if (s->tl.poll(now, coalesce_of(*s))) {
+      if (s->tl.poll(now, s->coalesce)) {
         s->tl.renewal_sent(now);
         renewals_sent.fetch_add(1, std::memory_order_relaxed);
         if (!batchable(*s)) {

@@ -46,6 +46,7 @@ class LeaseTimeline {
         safe_until_(granted_sent_at + c.ttl - c.drift),
         next_renewal_(granted_sent_at + c.renew_every) {}
 
+  const Config& config() const noexcept { return c_; }
   LeaseState state() const noexcept { return state_; }
   const std::string& reason() const noexcept { return reason_; }
   Clock::time_point safe_until() const noexcept { return safe_until_; }
