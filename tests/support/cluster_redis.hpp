@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "jobguard/testing/embedded_redis.hpp"
 
 namespace jobguard::test {
@@ -43,6 +45,22 @@ class ClusterRedis {
  private:
   int primaries_, replicas_each_;
   std::vector<std::unique_ptr<EmbeddedRedis>> nodes_;
+};
+
+// A fixture whose tests share one cluster of 3 primaries without replicas,
+// started before the suite's first test and stopped after its last: for
+// tests that do not fail nodes over (those make a cluster each).
+class SharedClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cluster = new ClusterRedis(3, 0);
+    cluster->start();
+  }
+  static void TearDownTestSuite() {
+    delete cluster;
+    cluster = nullptr;
+  }
+  static inline ClusterRedis* cluster = nullptr;
 };
 
 }  // namespace jobguard::test

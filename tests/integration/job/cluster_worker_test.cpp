@@ -28,18 +28,7 @@ namespace asio = boost::asio;
 
 namespace {
 
-class ClusterWorker : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    cluster = new test::ClusterRedis(3, 0);
-    cluster->start();
-  }
-  static void TearDownTestSuite() {
-    delete cluster;
-    cluster = nullptr;
-  }
-  static inline test::ClusterRedis* cluster = nullptr;
-};
+class ClusterWorker : public test::SharedClusterTest {};
 
 }  // namespace
 

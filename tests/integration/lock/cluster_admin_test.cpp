@@ -22,16 +22,8 @@ using namespace jobguard;
 
 namespace {
 
-class ClusterAdmin : public ::testing::Test {
+class ClusterAdmin : public test::SharedClusterTest {
  protected:
-  static void SetUpTestSuite() {
-    cluster = new test::ClusterRedis(3, 0);
-    cluster->start();
-  }
-  static void TearDownTestSuite() {
-    delete cluster;
-    cluster = nullptr;
-  }
   void SetUp() override {
     auto o = redis::parse_url(cluster->url());
     o.command_timeout = 2s;
@@ -51,7 +43,6 @@ class ClusterAdmin : public ::testing::Test {
     }
     return out;
   }
-  static inline test::ClusterRedis* cluster = nullptr;
   static inline int round = 0;
   std::unique_ptr<redis::Client> client;
   KeyBuilder keys{"adm"};
