@@ -1,12 +1,16 @@
 -- Idempotency begin. Times come from the server's clock (TIME), so the lease
 -- is judged by one clock however skewed the workers' clocks are.
--- KEYS[1] record; ARGV[1] fingerprint, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] retention ms
+-- KEYS[1] record; ARGV[1] fingerprint, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] retention ms,
+--   ARGV[5] (composed calls only) 'absent': the caller found KEYS[1] missing
+--   earlier in the same script call, so it is not read again (a script runs
+--   alone: nothing can have written it since)
 -- Returns {status, owner, since_ms, lease_left_ms, extra}
 --   status: claimed | reclaimed | in_progress | completed | conflict
 --   extra: the stored result (completed) or stored fingerprint (conflict)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'owner', 'since', 'lease_until', 'result')
+local r = ARGV[5] == 'absent' and {} or
+          redis.call('HMGET', KEYS[1], 'state', 'fp', 'owner', 'since', 'lease_until', 'result')
 local status = 'claimed'
 if r[1] then
   if r[2] ~= ARGV[1] then return {'conflict', r[3], r[4], 0, r[2]} end

@@ -13,9 +13,13 @@
 -- Returns {1, recorded 0|1, released 0|1}, or {0, idempotency_complete's
 -- reply} when the key is no longer ours: then nothing is written or
 -- released, and the runner's own steps report it as they would.
+-- The server's clock read once for the key and the record (each redis.call
+-- is a good part of the call's cost).
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 if KEYS[4] then
-  local c = idem_complete({KEYS[4]}, {ARGV[6], ARGV[4], ARGV[7]})
+  local c = idem_complete({KEYS[4]}, {ARGV[6], ARGV[4], ARGV[7], now})
   if c[1] ~= 1 then return {0, c} end
 end
-local rec = record({KEYS[1]}, {ARGV[3], ARGV[4], ARGV[5]})
+local rec = record({KEYS[1]}, {ARGV[3], ARGV[4], ARGV[5], now})
 return {1, rec[1], release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]})}

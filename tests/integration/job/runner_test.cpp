@@ -10,6 +10,7 @@
 #include <atomic>
 #include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -726,11 +727,33 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   const auto before = metrics();
 
   auto commands = [&] { return client->stats().commands; };
+  // What the two scripts cost the server is their redis.calls: counted per
+  // command name from INFO commandstats (the scripts' own calls included).
+  auto server_calls = [&] {
+    std::map<std::string, long> n;
+    const std::string text = client->exec({"INFO", "commandstats"}).str;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      const auto colon = line.find(':'), calls = line.find("calls=");
+      if (line.rfind("cmdstat_", 0) != 0 || colon == std::string::npos || calls == std::string::npos) continue;
+      n[line.substr(8, colon - 8)] = std::stol(line.substr(calls + 6));
+    }
+    return n;
+  };
+  const auto s0 = server_calls();
   auto c0 = commands();
   auto r = runner.run({.id = "40", .run_id = "r"}, effect);
   const auto ran_with = commands() - c0 - 1;  // less the effect's own GET
+  auto s1 = server_calls();
   ASSERT_EQ(r.outcome, Outcome::completed) << r.detail;
   EXPECT_EQ(ran_with, 2u) << "a claim and a finish";
+  auto delta = [&](const std::string& cmd) { return s1[cmd] - (s0.count(cmd) ? s0.at(cmd) : 0); };
+  // A unit's first attempt: one EXISTS finds neither its record nor its key,
+  // so the claim reads neither again; the finish reads the clock once for
+  // both the key and the record, and reads each of them once.
+  EXPECT_EQ(delta("exists"), 1);
+  EXPECT_EQ(delta("hmget"), 2) << "the key's owner and the record, at the finish only";
+  EXPECT_EQ(delta("time"), 2) << "one for the key's lease, one for the finish";
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(client->exec({"EXISTS", lock_key}).integer, 0) << "released";
   auto rec = done.find(cls_name(), "invoice:40", "r");
