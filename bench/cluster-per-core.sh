@@ -33,10 +33,17 @@ for _ in $(seq 50); do
   [ "$(redis-cli -p $B cluster info | tr -d '\r' | grep cluster_state)" = "cluster_state:ok" ] && break
   sleep 0.2
 done
-# Servers started empty here: exempt from the first-contact quarantine.
-for p in $B $((B + 1)) $((B + 2)) $S; do
-  redis-cli -c -p "$p" EVAL "$(cat src/lock/scripts/epoch.lua)" 1 jobguard:epoch 60000 trust >/dev/null 2>&1
+# Servers started empty here: exempt from the first-contact quarantine. Each
+# cluster primary keeps its own record, on jobguard:epoch:{n} for the smallest
+# n whose slot it serves (a node answers MOVED for the others); the single
+# server on jobguard:epoch.
+for p in $B $((B + 1)) $((B + 2)); do
+  for n in $(seq 0 100000); do
+    out=$(redis-cli -p "$p" EVAL "$(cat src/lock/scripts/epoch.lua)" 1 "jobguard:epoch:{$n}" 60000 trust 2>&1)
+    case $out in MOVED*) ;; *) break ;; esac
+  done
 done
+redis-cli -p "$S" EVAL "$(cat src/lock/scripts/epoch.lua)" 1 jobguard:epoch 60000 trust >/dev/null
 echo "start $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/log"
 for _ in 1 2; do
   taskset -c 1 "$J" --redis "redis://127.0.0.1:$B/0?cluster=yes" --json bench --workers "$CW" --seconds "$SECS" \

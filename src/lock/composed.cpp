@@ -107,7 +107,7 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
         m.wait_seconds.observe(self->clock().now() - sent_at);
         m.acquisitions_total.inc();
         out.status = ComposedStatus::granted;
-        out.lock = self->make_lock(std::move(resource), key, std::move(token), fence, opts, sent_at, ticket->epoch);
+        out.lock = self->make_lock(std::move(resource), key, std::move(token), fence, opts, sent_at, ticket->epoch_for(key));
         done(Error(), std::move(out));
       },
       call);

@@ -267,12 +267,16 @@ struct LeaseScheduler::Impl {
       ++seen_epoch_gen;
     }
     if (s.epoch_same_gen == seen_epoch_gen) return {};
-    if (now_epoch == s.lock.epoch()) {
+    // On a cluster the epoch of the lease's own shard: a loss on another
+    // shard leaves this lease alone. A slot no shard served at the check
+    // ("") is not a loss found; the renewals meet whatever it is.
+    const auto& mine = gate().epoch_for(s.lock.key());
+    if (mine.empty() || mine == s.lock.epoch()) {
       s.epoch_same_gen = seen_epoch_gen;
       return {};
     }
     return fmt::format("the server lost lock state since the grant (epoch {} -> {}); "
-                       "another holder may be granted the lock", s.lock.epoch(), now_epoch);
+                       "another holder may be granted the lock", s.lock.epoch(), mine);
   }
 
   // Loop thread: the gate found a new epoch. Every lease granted in another
@@ -338,7 +342,7 @@ struct LeaseScheduler::Impl {
       s->tl.renewal_token_gone();
     } else if (auto lost_why = state_lost(*s); !lost_why.empty()) {
       s->tl.state_lost(lost_why);
-    } else if (!gate().checked_current()) {
+    } else if (!gate().checked_current(s->lock.key())) {
       // The reply came on a connection the server's lock state was not
       // checked on (a reconnect: maybe a restarted server that kept our
       // key from a snapshot, maybe a promoted replica). It proves

@@ -578,7 +578,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     m_.sent(sent_at_);
     auto self = shared_from_this();
     const bool may_wait = opts_.wait.count() > 0;
-    if (script_keys_.empty() && ticket_->evicted.empty()) {
+    if (script_keys_.empty() && ticket_->evicted_for(key_).empty()) {
       // The plain form other clients (ioredis, node-redlock, Laravel) use too.
       redis::Command cmd{"SET", key_, token_, "NX", "PX", std::to_string(opts_.ttl.count())};
       svc_->client().async_exec_confirmed(
@@ -599,7 +599,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      entry_,
-                                     ticket_->evicted,
+                                     ticket_->evicted_for(key_),
                                      waiter_id_,
                                      arrival_};
     svc_->client().async_eval_confirmed(
@@ -708,8 +708,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (a.result != Machine::Result::granted) return done(Error(), std::nullopt);
     metrics_->acquisitions_total.inc();
     // The waiter is finished: its strings move into the Lock, no copies.
+    std::string epoch = ticket_ ? ticket_->epoch_for(key_) : std::string();
     auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), a.fence(), opts_, a.at,
-                                ticket_ ? ticket_->epoch : std::string());
+                                std::move(epoch));
     done(Error(), std::move(lock));
   }
 

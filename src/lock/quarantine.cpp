@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <future>
+#include <optional>
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
@@ -53,7 +55,13 @@ std::string quarantine_message(const std::string& reason, ms left) {
 StateGate::StateGate(redis::Client& client, ms max_ttl, ms recheck, const MonotonicClock& clock)
     : client_(client), clock_(clock), max_ttl_(max_ttl), recheck_(recheck) {}
 
-std::uint64_t StateGate::mark() const { return client_.stats().reconnects; }
+// On a cluster a first connect counts too: a connection to a node met for
+// the first time (the replica a failover promoted) is a server the last
+// check did not see. On one server the first connect comes before any check.
+std::uint64_t StateGate::mark() const {
+  const auto s = client_.stats();
+  return client_.options().cluster ? s.connects : s.reconnects;
+}
 
 bool StateGate::current(const Ticket& t) const { return mark() == t.mark; }
 
@@ -117,9 +125,80 @@ void StateGate::admit(Admit cb) {
   }
 }
 
+// epoch.lua's reply from one server.
+struct StateGate::Checked {
+  std::string id, evicted, reason, role, version;
+  ms left{0};
+  bool evicting = false, aof = false;
+  static std::optional<Checked> parse(const redis::Reply& r) {
+    if (!r.is_array() || r.elements.size() != 8) return std::nullopt;
+    Checked c;
+    c.id = r.elements[0].str;
+    c.left = ms(r.elements[1].integer);
+    c.evicted = std::to_string(r.elements[2].integer);
+    c.evicting = r.elements[3].integer == 1;
+    c.reason = r.elements[4].str;
+    c.role = r.elements[5].str;
+    c.version = r.elements[6].str;
+    c.aof = r.elements[7].is_integer() && r.elements[7].integer == 1;
+    return c;
+  }
+};
+
+namespace {
+const std::string kNoEpoch;
+}
+
+const StateGate::ShardCheck* StateGate::Ticket::shard_for(std::string_view key) const {
+  const auto slot = redis::key_slot(key);
+  for (const auto& s : shards)
+    if (s.node.serves(slot)) return &s;
+  return nullptr;
+}
+
+const std::string& StateGate::Ticket::epoch_for(std::string_view key) const {
+  if (shards.empty()) return epoch;
+  const auto* s = shard_for(key);
+  return s ? s->epoch : kNoEpoch;
+}
+
+const std::string& StateGate::Ticket::evicted_for(std::string_view key) const {
+  if (shards.empty()) return evicted;
+  const auto* s = shard_for(key);
+  return s ? s->evicted : kNoEpoch;
+}
+
+bool StateGate::checked_current(std::string_view key) const {
+  if (checked_current()) return true;
+  return partial_ && partial_->mark == mark() && !partial_->epoch_for(key).empty();
+}
+
+const std::string& StateGate::last_epoch_for(const redis::PrimaryShard& node) const {
+  if (last_)
+    for (const auto& s : last_->shards)
+      if (s.node.address == node.address && s.node.slots == node.slots) return s.epoch;
+  return kNoEpoch;
+}
+
+const std::string& StateGate::epoch_for(std::string_view key) const {
+  return last_ ? last_->epoch_for(key) : last_epoch_;
+}
+
+std::string lock_state_key_for(const redis::PrimaryShard& shard) {
+  if (shard.slots.empty()) return {};
+  // Tags are tried in order, so every client of the cluster lands on the
+  // same key for the same slots; a shard of one slot takes ~16k tries (µs).
+  for (unsigned n = 0; n < (1u << 22); ++n) {
+    std::string key = fmt::format("{}:{{{}}}", kLockStateKey, n);
+    if (shard.serves(redis::key_slot(key))) return key;
+  }
+  return {};
+}
+
 void StateGate::check() {
   checking_ = true;
   const auto sent_mark = mark();
+  if (client_.options().cluster) return check_cluster(sent_mark);
   std::vector<std::string> keys{kLockStateKey};
   std::vector<std::string> args{std::to_string(max_ttl_.count()), "check"};
   client_.async_eval(script_epoch(), std::move(keys), std::move(args),
@@ -128,40 +207,139 @@ void StateGate::check() {
                      });
 }
 
-void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r) {
-  const auto now = clock_.now();
-  if (ec) return settle(ec, r.str, ms(0));
-  if (mark() != sent_mark) {
-    // Sent on one connection, answered on another (or a reconnect came in
-    // between): we cannot tell which server answered. Ask again.
-    if (++retries_ <= kMaxCheckRetries) return check();
-    return settle(make_error_code(errc::connection_lost),
-                  fmt::format("the connection to {} kept reconnecting while its lock state was checked",
-                              client_.address()),
-                  ms(0));
+// Every primary's own record, asked on that node: a shard restarted empty
+// or failed over is found by its own record, whichever shard the lock-state
+// key of one server would have landed on.
+void StateGate::check_cluster(std::uint64_t sent_mark) {
+  client_.async_primaries([self = shared_from_this(), sent_mark](std::error_code ec, const std::string& why,
+                                                                 std::vector<redis::PrimaryShard> nodes) {
+    if (ec) return self->settle(ec, why, ms(0));
+    struct Round {
+      std::vector<ShardCheck> shards;
+      std::vector<std::pair<std::error_code, redis::Reply>> replies;
+      std::size_t left = 0;
+    };
+    auto round = std::make_shared<Round>();
+    for (auto& n : nodes) round->shards.push_back(ShardCheck{std::move(n), {}, {}});
+    round->replies.resize(round->shards.size());
+    round->left = round->shards.size();
+    if (round->left == 0)
+      return self->settle(make_error_code(errc::protocol_error), "the cluster's slot map names no primary", ms(0));
+    for (std::size_t i = 0; i < round->shards.size(); ++i) {
+      std::string key = lock_state_key_for(round->shards[i].node);
+      std::vector<std::string> args{std::to_string(self->max_ttl_.count()), "check"};
+      redis::CallOptions on;
+      on.node = round->shards[i].node.address;
+      self->client_.async_eval(
+          script_epoch(), {std::move(key)}, std::move(args),
+          [self, sent_mark, round, i](std::error_code ec2, redis::Reply r) {
+            round->replies[i] = {ec2, std::move(r)};
+            if (--round->left == 0)
+              self->on_cluster_checked(sent_mark, std::move(round->shards), std::move(round->replies));
+          },
+          on);
+    }
+  });
+}
+
+bool StateGate::retry_after_flap(std::uint64_t sent_mark) {
+  if (mark() == sent_mark) return false;
+  // Sent on one connection, answered on another (or a reconnect came in
+  // between): we cannot tell which server answered. Ask again.
+  if (++retries_ <= kMaxCheckRetries) {
+    check();
+  } else {
+    settle(make_error_code(errc::connection_lost),
+           fmt::format("the connection to {} kept reconnecting while its lock state was checked", client_.address()),
+           ms(0));
   }
-  if (!r.is_array() || r.elements.size() != 8)
+  return true;
+}
+
+void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r) {
+  if (ec) return settle(ec, r.str, ms(0));
+  if (retry_after_flap(sent_mark)) return;
+  const auto c = Checked::parse(r);
+  if (!c)
     return settle(make_error_code(errc::protocol_error),
                   "unexpected reply to the lock-state check: " + to_debug_string(r), ms(0));
-  const std::string& id = r.elements[0].str;
-  const ms left(r.elements[1].integer);
-  const std::string evicted = std::to_string(r.elements[2].integer);
-  const bool evicting = r.elements[3].integer == 1;
-  std::string reason = r.elements[4].str;
-  if (r.elements[5].str != "master") {
+  if (c->role != "master") {
     ticket_.reset();
     return settle(make_error_code(errc::server_busy),
-                  fmt::format("{} is a {}, not a primary: no grants from it", client_.address(), r.elements[5].str),
-                  ms(0));
+                  fmt::format("{} is a {}, not a primary: no grants from it", client_.address(), c->role), ms(0));
   }
-  server_version_ = r.elements[6].str;
-  aof_enabled_ = r.elements[7].is_integer() && r.elements[7].integer == 1;
-  const std::string old = ticket_ ? ticket_->epoch : last_epoch_;
+  server_version_ = c->version;
+  aof_enabled_ = c->aof;
   auto t = std::make_shared<Ticket>();
   t->mark = sent_mark;
-  t->epoch = id;
-  if (evicting) t->evicted = evicted;
+  t->epoch = c->id;
+  if (c->evicting) t->evicted = c->evicted;
+  apply(std::move(t), c->left, c->reason);
+}
+
+void StateGate::on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardCheck> shards,
+                                   std::vector<std::pair<std::error_code, redis::Reply>> replies) {
+  if (retry_after_flap(sent_mark)) return;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (!replies[i].first) continue;
+    // No grants on this check. What the healthy shards said still vouches
+    // for replies about their keys (checked_current(key)) while no
+    // connection changes; a new epoch among them is left to a full check.
+    auto part = std::make_shared<Ticket>();
+    part->mark = sent_mark;
+    for (std::size_t j = 0; j < shards.size(); ++j) {
+      ShardCheck sc{shards[j].node, {}, {}};
+      const auto c = replies[j].first ? std::nullopt : Checked::parse(replies[j].second);
+      if (c && c->role == "master" && c->left.count() == 0 && c->id == last_epoch_for(sc.node)) sc.epoch = c->id;
+      part->shards.push_back(std::move(sc));
+    }
+    partial_ = std::move(part);
+    return settle(replies[i].first, shards[i].node.address + ": " + replies[i].second.str, ms(0));
+  }
+  auto t = std::make_shared<Ticket>();
+  t->mark = sent_mark;
+  ms left{0};
+  std::string reason;
+  bool aof = true;
+  std::string version;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const auto& at = shards[i].node.address;
+    const auto c = Checked::parse(replies[i].second);
+    if (!c)
+      return settle(make_error_code(errc::protocol_error),
+                    fmt::format("{}: unexpected reply to the lock-state check: {}", at, to_debug_string(replies[i].second)),
+                    ms(0));
+    if (c->role != "master") {
+      // The slot map said primary, the node says otherwise: a failover
+      // under way. No grants until a check finds the map and the roles agree.
+      ticket_.reset();
+      return settle(make_error_code(errc::server_busy),
+                    fmt::format("{} is a {}, not a primary: no grants from it", at, c->role), ms(0));
+    }
+    shards[i].epoch = c->id;
+    if (c->evicting) shards[i].evicted = c->evicted;
+    // The quarantine is the cluster's: the longest any shard asks for, so a
+    // grant never has to know which shard a loss was on before it is asked.
+    left = std::max(left, c->left);
+    if (!c->reason.empty()) reason += (reason.empty() ? "" : "; ") + at + ": " + c->reason;
+    // Replica confirmation by WAITAOF only where every shard has it.
+    aof = aof && c->aof;
+    if (version.empty() || !version_at_least(c->version, 7, 2)) version = c->version;
+    t->epoch += (t->epoch.empty() ? "" : " ") + at + "=" + c->id;
+  }
+  server_version_ = version;
+  aof_enabled_ = aof;
+  t->shards = std::move(shards);
+  apply(std::move(t), left, std::move(reason));
+}
+
+void StateGate::apply(std::shared_ptr<Ticket> t, ms left, std::string reason) {
+  const auto now = clock_.now();
+  const std::string old = ticket_ ? ticket_->epoch : last_epoch_;
+  const std::string id = t->epoch;
   ticket_ = t;
+  last_ = t;
+  partial_.reset();
   last_epoch_ = id;
   checked_at_ = now;
   quarantine_until_ = now + left;
@@ -190,14 +368,27 @@ void trust_new_server(redis::Client& client) {
   if (client.running_in_loop_thread())
     throw Error(errc::invalid_argument, "trust_new_server on the event-loop thread would deadlock");
   const auto max_ttl = client.options().lock_max_ttl;
-  std::vector<std::string> keys{detail::kLockStateKey};
-  std::vector<std::string> args{std::to_string(max_ttl.count()), "trust"};
-  const auto r = client.eval(detail::script_epoch(), std::move(keys), std::move(args));
-  if (!r.is_array() || r.elements.size() != 8)
-    throw Error(errc::protocol_error, "unexpected reply to the lock-state record: " + redis::to_debug_string(r));
-  if (r.elements[5].str != "master")
-    throw Error(errc::invalid_argument, fmt::format("{} is a {}: only a primary can be trusted as new", client.address(),
-                                                    r.elements[5].str));
+  auto trust = [&](std::string key, std::string_view node, const std::string& address) {
+    std::vector<std::string> args{std::to_string(max_ttl.count()), "trust"};
+    redis::CallOptions on;
+    on.node = node;
+    const auto r = client.eval(detail::script_epoch(), {std::move(key)}, std::move(args), on);
+    if (!r.is_array() || r.elements.size() != 8)
+      throw Error(errc::protocol_error,
+                  fmt::format("{}: unexpected reply to the lock-state record: {}", address, redis::to_debug_string(r)));
+    if (r.elements[5].str != "master")
+      throw Error(errc::invalid_argument,
+                  fmt::format("{} is a {}: only a primary can be trusted as new", address, r.elements[5].str));
+  };
+  if (!client.options().cluster) return trust(detail::kLockStateKey, {}, client.address());
+  // A cluster: every primary's own record (StateGate::check_cluster).
+  std::promise<std::vector<redis::PrimaryShard>> p;
+  auto f = p.get_future();
+  client.async_primaries([&p](std::error_code ec, const std::string& why, std::vector<redis::PrimaryShard> s) {
+    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, why, error_source::redis)));
+    else p.set_value(std::move(s));
+  });
+  for (const auto& shard : f.get()) trust(detail::lock_state_key_for(shard), shard.address, shard.address);
 }
 
 }  // namespace jobguard

@@ -30,10 +30,25 @@ inline constexpr const char* kLockStateKey = "jobguard:epoch";
 
 class StateGate : public std::enable_shared_from_this<StateGate> {
  public:
+  // On a Redis Cluster each primary keeps a record of its own (a loss on one
+  // shard is invisible in another's), checked together: one shard's entry.
+  struct ShardCheck {
+    redis::PrimaryShard node;
+    std::string epoch;    // its record's epoch id
+    std::string evicted;  // as Ticket::evicted, for this shard
+  };
   struct Ticket {
-    std::uint64_t mark = 0;  // the client's reconnect count the check ran under
-    std::string epoch;       // the record's epoch id then
-    std::string evicted;     // acquire.lua's eviction baseline on an evicting server, else ""
+    std::uint64_t mark = 0;  // the client's connect count the check ran under (mark())
+    // The record's epoch id then; on a cluster every shard's, "address=id"
+    // joined by spaces (any shard's change changes it).
+    std::string epoch;
+    std::string evicted;             // acquire.lua's eviction baseline on an evicting server, else ""
+    std::vector<ShardCheck> shards;  // a cluster's shards as checked; empty on one server
+    // The epoch a grant of `key` is made in: its shard's on a cluster ("" for
+    // a slot no checked shard served), else `epoch`.
+    const std::string& epoch_for(std::string_view key) const;
+    const std::string& evicted_for(std::string_view key) const;
+    const ShardCheck* shard_for(std::string_view key) const;  // null: no checked shard serves its slot
   };
   using TicketPtr = std::shared_ptr<const Ticket>;
   // ec clear: the grant may be asked for under `t`. ec set: refused; `detail`
@@ -57,10 +72,19 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   // Check again before the next grant (acquire.lua saw an eviction, a lease
   // renewal came back on a new connection).
   void invalidate();
-  // The epoch of the last check ("" before the first).
+  // The epoch of the last check ("" before the first); on a cluster every
+  // shard's (Ticket::epoch), so a change of it is news for some lease.
   const std::string& epoch() const noexcept { return last_epoch_; }
+  // The last check's epoch for `key`'s shard (Ticket::epoch_for): what a
+  // lease on `key` compares its grant's epoch with.
+  const std::string& epoch_for(std::string_view key) const;
   // True when the last check ran on the connection in use now.
   bool checked_current() const { return ticket_ && ticket_->mark == mark(); }
+  // The same for a reply about `key`: on a cluster also when the last check
+  // failed on other shards but found `key`'s shard intact, on connections
+  // still in use (a node that stays CLUSTERDOWN after a restart must not
+  // stall the renewals of leases on the shards that are fine).
+  bool checked_current(std::string_view key) const;
   // Starts a check unless one is running or the last one is current.
   void recheck();
   // `owner` dies -> the listener is dropped.
@@ -75,8 +99,18 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   bool waitaof() const noexcept;
 
  private:
+  struct Checked;  // one server's reply to epoch.lua
   void check();
+  void check_cluster(std::uint64_t sent_mark);
   void on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r);
+  void on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardCheck> shards,
+                          std::vector<std::pair<std::error_code, redis::Reply>> replies);
+  // The check's answer, taken (both deployments): a new ticket, its epoch,
+  // and a quarantine when `left` > 0.
+  void apply(std::shared_ptr<Ticket> t, std::chrono::milliseconds left, std::string reason);
+  bool retry_after_flap(std::uint64_t sent_mark);
+  // The last good check's epoch of the shard `node` served then ("" if none).
+  const std::string& last_epoch_for(const redis::PrimaryShard& node) const;
   void settle(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in);
 
   redis::Client& client_;
@@ -86,6 +120,10 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   std::chrono::steady_clock::time_point checked_at_{}, quarantine_until_{};
   std::string reason_;
   std::string last_epoch_;  // survives invalidate(): a changed id is news
+  TicketPtr last_;          // the last good check, kept across invalidate() (epoch_for)
+  // A cluster check that failed on some shards: the others as found (a
+  // failed shard's epoch ""). For checked_current(key) only, never a grant.
+  TicketPtr partial_;
   std::string server_version_;
   bool aof_enabled_ = false;
   bool checking_ = false;
@@ -93,6 +131,11 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   std::vector<Admit> waiting_;
   std::vector<std::pair<std::weak_ptr<void>, Listener>> listeners_;
 };
+
+// The lock-state record of one cluster shard: "jobguard:epoch:{<n>}" for the
+// smallest n whose slot `shard` serves (every client picks the same key).
+// Empty when it serves no slot.
+std::string lock_state_key_for(const redis::PrimaryShard& shard);
 
 // "7.2.4" >= 7.2; false for anything that does not start with "<n>.<n>".
 bool version_at_least(std::string_view version, int major, int minor);

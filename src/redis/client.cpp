@@ -246,6 +246,39 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     pick().submit(std::move(r));
   }
 
+  // Client::async_primaries on the loop thread. A source per ask (the
+  // client's own is refresh_slots'): SHARDS, and SLOTS where it is refused.
+  void ask_primaries(std::shared_ptr<detail::SlotMapSource> source, Client::PrimariesCompletion done) {
+    if (!opts.cluster) {
+      std::vector<PrimaryShard> one{PrimaryShard{current_address(), {{0, detail::kClusterSlots - 1}}}};
+      return done({}, {}, std::move(one));
+    }
+    if (closed.load()) return done(make_error_code(errc::shutdown), "client is shutting down", {});
+    detail::Multiplexer::Request r;
+    r.payload = Command(source->command()).payload();
+    r.deadline = Clock::now() + opts.command_timeout;
+    r.done = [self = shared_from_this(), source, done = std::move(done)](std::error_code ec, Reply reply) mutable {
+      const auto map = source->parse(ec, reply, self->opts.host, self->opts.tls.enabled);
+      if (map.empty() && source->retry_with_slots()) return self->ask_primaries(source, std::move(done));
+      if (map.empty()) {
+        const std::string what = fmt::format("{} on {}", fmt::join(source->command(), " "), self->current_address());
+        if (ec) return done(ec, fmt::format("{}: {}", what, reply.is_error() ? reply.str : ec.message()), {});
+        return done(make_error_code(errc::protocol_error),
+                    fmt::format("{}: no slot map in the reply {}", what, to_debug_string(reply)), {});
+      }
+      std::vector<PrimaryShard> out;
+      for (const auto& range : map) {
+        const std::string at = fmt::format("{}:{}", range.host, range.port);
+        auto it = std::find_if(out.begin(), out.end(), [&](const PrimaryShard& p) { return p.address == at; });
+        if (it == out.end()) it = out.insert(out.end(), PrimaryShard{at, {}});
+        it->slots.emplace_back(range.first, range.last);
+      }
+      std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
+      done({}, {}, std::move(out));
+    };
+    pick().submit(std::move(r));
+  }
+
   // Sends `r` to the node owning its key; MOVED and ASK are followed (at
   // most kMaxRedirects times, inside the call's deadline), TRYAGAIN and
   // CLUSTERDOWN retried with backoff until the deadline. A redirect means
@@ -659,32 +692,25 @@ std::future<Reply> Client::exec_future(Command cmd, CallOptions opts) {
   return f;
 }
 
+void Client::async_primaries(PrimariesCompletion done) {
+  asio::post(*impl_->ctx, [impl = impl_, done = std::move(done)]() mutable {
+    impl->ask_primaries(std::make_shared<detail::SlotMapSource>(), std::move(done));
+  });
+}
+
 std::vector<std::string> Client::primaries() {
   if (!impl_->opts.cluster) return {address()};
-  // A source of its own: the client's (loop thread only) is not touched.
-  detail::SlotMapSource source;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    std::error_code ec;
-    Reply r;
-    try {
-      r = exec(Command(source.command()));
-    } catch (const Error& e) {
-      if (e.code() != errc::server_error) throw;
-      ec = e.code();
-    }
-    const auto map = source.parse(ec, r, impl_->opts.host, impl_->opts.tls.enabled);
-    if (map.empty() && source.retry_with_slots()) continue;
-    if (map.empty())
-      throw Error(errc::protocol_error,
-                  fmt::format("{} on {}: no slot map in the reply {}", fmt::join(source.command(), " "), address(),
-                              to_debug_string(r)));
-    std::vector<std::string> out;
-    for (const auto& range : map) out.push_back(fmt::format("{}:{}", range.host, range.port));
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-  }
-  throw Error(errc::protocol_error, fmt::format("no slot map from {}", address()));
+  if (impl_->on_loop())
+    throw Error(errc::invalid_argument, "blocking Client::primaries called on the event-loop thread (would deadlock)");
+  std::promise<std::vector<PrimaryShard>> p;
+  auto f = p.get_future();
+  async_primaries([&p, address = address()](std::error_code ec, const std::string& why, std::vector<PrimaryShard> s) {
+    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, why, error_source::redis)));
+    else p.set_value(std::move(s));
+  });
+  std::vector<std::string> out;
+  for (auto& shard : f.get()) out.push_back(std::move(shard.address));
+  return out;
 }
 
 Reply Client::exec(Command cmd, CallOptions opts) {
@@ -725,6 +751,7 @@ ClientStats Client::stats() const {
   s.writes = impl_->stats->writes.load();
   s.errors = impl_->stats->errors.load();
   s.reconnects = impl_->stats->reconnects.load();
+  s.connects = impl_->stats->connects.load();
   s.timeouts = impl_->stats->timeouts.load();
   s.recycled = impl_->stats->recycled.load();
   s.connected = impl_->stats->connected.load();

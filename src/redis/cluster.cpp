@@ -16,7 +16,11 @@ std::uint16_t crc16(std::string_view data) noexcept {
   return crc;
 }
 
-std::uint16_t key_slot(std::string_view key) noexcept {
+}  // namespace jobguard::redis::detail
+
+std::uint16_t jobguard::redis::key_slot(std::string_view key) noexcept {
+  using detail::crc16;
+  using detail::kClusterSlots;
   const auto open = key.find('{');
   if (open != std::string_view::npos) {
     const auto close = key.find('}', open + 1);
@@ -24,6 +28,8 @@ std::uint16_t key_slot(std::string_view key) noexcept {
   }
   return static_cast<std::uint16_t>(crc16(key) & (kClusterSlots - 1));
 }
+
+namespace jobguard::redis::detail {
 
 namespace {
 // Reads "<c><number>\r\n" at `at`; false when it is not there.

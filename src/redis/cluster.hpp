@@ -13,6 +13,10 @@
 
 #include "jobguard/redis/reply.hpp"
 
+namespace jobguard::redis {
+std::uint16_t key_slot(std::string_view key) noexcept;
+}  // namespace jobguard::redis
+
 namespace jobguard::redis::detail {
 
 inline constexpr std::uint16_t kClusterSlots = 16384;
@@ -20,8 +24,9 @@ inline constexpr std::uint16_t kClusterSlots = 16384;
 // CRC16-CCITT (XMODEM) of `data`: the hash Redis Cluster slots use.
 std::uint16_t crc16(std::string_view data) noexcept;
 // The slot of `key`: of its hash tag (the part between the first '{' and
-// the next '}', when not empty), else of the whole key.
-std::uint16_t key_slot(std::string_view key) noexcept;
+// the next '}', when not empty), else of the whole key. Public as
+// jobguard::redis::key_slot (client.hpp); the same function here.
+using ::jobguard::redis::key_slot;
 
 // The key a command is routed by, from its RESP encoding (an array of bulk
 // strings, as Command builds it): EVAL/EVALSHA's first key (none with

@@ -51,7 +51,7 @@ using tcp = asio::ip::tcp;
 // Counters shared by a client's connections (ClientStats); the subscriber's
 // connection has its own.
 struct SharedStats {
-  std::atomic<std::uint64_t> commands{0}, writes{0}, errors{0}, reconnects{0}, timeouts{0}, recycled{0};
+  std::atomic<std::uint64_t> commands{0}, writes{0}, errors{0}, reconnects{0}, connects{0}, timeouts{0}, recycled{0};
   std::atomic<int> connected{0};
 };
 
@@ -490,6 +490,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     state_ = State::ready;
     stats_->connected.fetch_add(1);
     if (ever_connected_) stats_->reconnects.fetch_add(1);
+    stats_->connects.fetch_add(1);
     ever_connected_ = true;
     attempt_ = 0;
     last_error_code_ = {};

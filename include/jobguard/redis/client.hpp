@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <system_error>
 #include <vector>
 
@@ -100,11 +101,28 @@ std::string describe(const Confirmation& got, const Confirm& wanted);
 // only when the write succeeded.
 using ConfirmedCompletion = std::function<void(std::error_code ec, Reply reply, Confirmation conf)>;
 
+// One primary of a Redis Cluster and the slot ranges it serves (first, last).
+struct PrimaryShard {
+  std::string address{};  // "host:port", as CallOptions::node takes it
+  std::vector<std::pair<std::uint16_t, std::uint16_t>> slots{};
+  bool serves(std::uint16_t slot) const noexcept {
+    for (const auto& [first, last] : slots)
+      if (slot >= first && slot <= last) return true;
+    return false;
+  }
+};
+// The cluster slot of `key` (CRC16 of its hash tag, else of the whole key).
+std::uint16_t key_slot(std::string_view key) noexcept;
+
 struct ClientStats {
   std::uint64_t commands = 0;      // completed, successfully or not
   std::uint64_t writes = 0;        // socket writes: commands / writes = pipelining
   std::uint64_t errors = 0;        // failed calls (any errc)
   std::uint64_t reconnects = 0;    // successful connects after the first
+  // Every successful connect, the first of each connection included: on a
+  // Redis Cluster a connection to a node met for the first time (a promoted
+  // replica, a new primary) is a server not seen before, as a reconnect is.
+  std::uint64_t connects = 0;
   std::uint64_t timeouts = 0;
   std::uint64_t recycled = 0;      // connections replaced after repeated timeouts
   int connected = 0;               // connections ready now
@@ -184,6 +202,13 @@ class Client {
   // a fresh CLUSTER SHARDS (CLUSTER SLOTS before 7.0); else address() alone.
   // Throws jobguard::Error (as exec does), and never on the loop thread.
   std::vector<std::string> primaries();
+  // primaries() with the slots each serves, asked for on the event loop: a
+  // fresh CLUSTER SHARDS (SLOTS before 7.0). Without cluster=yes, address()
+  // serving every slot. `done` runs on the loop, never inside this call;
+  // on an error `why` says what failed.
+  using PrimariesCompletion =
+      std::function<void(std::error_code ec, const std::string& why, std::vector<PrimaryShard> shards)>;
+  void async_primaries(PrimariesCompletion done);
 
   // For the CLI/doctor: "127.0.0.1:6379".
   std::string address() const;

@@ -12,6 +12,7 @@ int designated_initializers() {
   [[maybe_unused]] redis::TlsOptions tls{.enabled = true};
   [[maybe_unused]] redis::ConnectionOptions conn{.host = "127.0.0.1"};
   [[maybe_unused]] redis::CallOptions call{.timeout = 1s};
+  [[maybe_unused]] redis::PrimaryShard shard{.address = "127.0.0.1:7000"};
   [[maybe_unused]] redis::ClientStats stats{.commands = 1};
   [[maybe_unused]] redis::Reply reply{.type = redis::Reply::Type::nil};
   [[maybe_unused]] LockOptions lock{.ttl = 30s};

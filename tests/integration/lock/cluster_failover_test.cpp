@@ -8,10 +8,13 @@
 // grant order (only a holder writes). Counted per resource: grants,
 // overlaps, fences at or below the one before.
 //
-// The shard failed over is not the one of the lock-state record
-// (jobguard:epoch, docs/lock-safety.md): its quarantine does not see this
-// failover, so what keeps the holders apart is the failover itself and, with
-// replicas=1, the confirmation of every grant by the shard's replica.
+// The shard failed over is not the one of jobguard:epoch (where a single
+// lock-state record would live): each shard keeps its own record
+// (docs/lock-safety.md, "Quarantine after lost lock state"), so the promoted
+// replica is found as a new server process and grants pause for max_ttl
+// (1 s) after the failover. What keeps the holders apart through the
+// failover itself is the failover and, with replicas=1, the confirmation of
+// every grant by the shard's replica.
 // Forked workers: not in the ThreadSanitizer run (see process_test.cpp).
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -98,8 +101,7 @@ Tally run_through_failover(int replicas, bool force) {
     redis::Client c(redis::parse_url(cluster.url()));
     trust_new_server(c);
   }
-  // One resource per shard; the shard failed over is one without the
-  // lock-state record.
+  // One resource per shard; the shard failed over is not jobguard:epoch's.
   KeyBuilder keys;
   std::map<std::uint16_t, std::string> by_primary;
   for (int i = 0; by_primary.size() < 3 && i < 1000; ++i) {
