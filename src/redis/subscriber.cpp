@@ -484,9 +484,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
     });
   }
 
-  // The heartbeat on every node connection. A node that holds channels and
-  // is not connected may be gone for good (failed over): ask for the map,
-  // which moves its channels to the new primary.
+  // The heartbeat on every node connection, and a look at the slot map.
   void ping_nodes() {
     bool lost_node = false;
     std::unordered_set<std::string> in_use;
@@ -522,7 +520,15 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
     // Closed once out of the map: a completion the close runs may place a
     // channel (and so add a node) again.
     for (auto& n : idle) n->conn->close();
-    if (lost_node) ask_map();
+    // The map is asked for at every heartbeat while channels are placed, not
+    // only when a node is lost: a manual failover leaves the old primary up
+    // as a replica that Redis 7.0 neither unsubscribes us from nor (while the
+    // new primary does not yet count it in its shard) forwards SPUBLISH to,
+    // so a release published then is never heard there. The reconcile moves
+    // such channels to the new primary, and on_resubscribed makes their
+    // waiters try again (a release may have been missed). One CLUSTER SHARDS
+    // per heartbeat per process, the way Redisson scans its topology.
+    if (lost_node || !placed.empty()) ask_map();
   }
 
   void close() {
