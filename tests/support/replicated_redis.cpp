@@ -24,14 +24,29 @@ std::string info_field(const std::string& info, const std::string& field) {
   return info.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
-ReplicatedRedis::ReplicatedRedis(int replicas, std::vector<std::string> extra_args) {
-  EmbeddedRedisOptions o;
+ReplicatedRedis::ReplicatedRedis(int replicas, std::vector<std::string> extra_args) : replica_count_(replicas) {
   // The primary would wait 5 s (the default delay) for more replicas before
   // a diskless full sync; tests start them together.
-  o.extra_args = {"--repl-diskless-sync-delay", "0"};
-  o.extra_args.insert(o.extra_args.end(), extra_args.begin(), extra_args.end());
-  primary_ = std::make_unique<EmbeddedRedis>(o);
-  for (int i = 0; i < replicas; ++i) replicas_.push_back(std::make_unique<EmbeddedRedis>(o));
+  options_.extra_args = {"--repl-diskless-sync-delay", "0"};
+  options_.extra_args.insert(options_.extra_args.end(), extra_args.begin(), extra_args.end());
+  make();
+}
+
+// The servers are objects from the start (a test may name them before
+// start()); tls() makes them again with the certificate.
+void ReplicatedRedis::make() {
+  primary_ = std::make_unique<EmbeddedRedis>(options_);
+  replicas_.clear();
+  for (int i = 0; i < replica_count_; ++i) replicas_.push_back(std::make_unique<EmbeddedRedis>(options_));
+}
+
+void ReplicatedRedis::tls(const std::string& cert_file, const std::string& key_file, const std::string& ca_file) {
+  options_.tls_cert_file = cert_file;
+  options_.tls_key_file = key_file;
+  options_.tls_ca_file = ca_file;
+  options_.extra_args.insert(options_.extra_args.end(), {"--tls-replication", "yes"});
+  tls_ = true;
+  make();
 }
 
 // Members die in reverse order: the replicas first, then the primary; each
@@ -55,7 +70,8 @@ void ReplicatedRedis::start(std::chrono::milliseconds timeout) {
   for (auto& r : replicas_) {
     r->start();
     const std::string reply =
-        redis_command_at("127.0.0.1", r->port(), fmt::format("REPLICAOF 127.0.0.1 {}", primary_->port()));
+        redis_command_at("127.0.0.1", r->port(),
+                         fmt::format("REPLICAOF 127.0.0.1 {}", tls_ ? primary_->tls_port() : primary_->port()));
     if (reply != "OK") throw std::runtime_error(fmt::format("REPLICAOF on 127.0.0.1:{}: {}", r->port(), reply));
   }
   for (std::size_t i = 0; i < replicas_.size(); ++i)

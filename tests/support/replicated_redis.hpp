@@ -20,6 +20,12 @@ class ReplicatedRedis {
   ReplicatedRedis(const ReplicatedRedis&) = delete;
   ReplicatedRedis& operator=(const ReplicatedRedis&) = delete;
 
+  // Before start(): every server also listens with TLS (--tls-port) on this
+  // certificate, and the replicas replicate over TLS (--tls-replication yes,
+  // REPLICAOF to the primary's TLS port).
+  void tls(const std::string& cert_file, const std::string& key_file, const std::string& ca_file);
+  bool tls() const noexcept { return tls_; }
+
   // Starts every server, points each replica at the primary and waits until
   // every link is up and in sync. Throws std::runtime_error naming the
   // server that did not get there.
@@ -34,8 +40,12 @@ class ReplicatedRedis {
   bool linked(std::size_t i, bool caught_up = true);
 
  private:
+  EmbeddedRedisOptions options_;
+  int replica_count_ = 0;
+  bool tls_ = false;
   std::unique_ptr<EmbeddedRedis> primary_;
   std::vector<std::unique_ptr<EmbeddedRedis>> replicas_;
+  void make();
 };
 
 // The value of `field` in an INFO reply ("" when absent).

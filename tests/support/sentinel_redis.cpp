@@ -58,7 +58,7 @@ SentinelRedis::~SentinelRedis() { sentinels_.clear(); }
 
 void SentinelRedis::start(std::chrono::milliseconds timeout) {
   data_->start();
-  const std::uint16_t primary = data_->primary().port();
+  const std::uint16_t primary = tls_everywhere_ ? data_->primary().tls_port() : data_->primary().port();
   for (auto& s : sentinels_) {
     EmbeddedRedisOptions o = sentinel_base_;
     // down-after 1 s, failover-timeout 2 s: the production defaults (30 s,
@@ -70,6 +70,7 @@ void SentinelRedis::start(std::chrono::milliseconds timeout) {
         "sentinel parallel-syncs {0} 2\n",
         master_, primary);
     o.extra_args = {"--sentinel"};
+    if (tls_everywhere_) o.extra_args.insert(o.extra_args.end(), {"--tls-replication", "yes"});
     s = std::make_unique<EmbeddedRedis>(o);
     s->start();
     // With TLS the sentinels tell each other their TLS ports (as a TLS-only
@@ -120,6 +121,19 @@ std::string SentinelRedis::tls_url(const std::string& query) const {
   return fmt::format("redis+sentinel://{}/{}?sentinel_tls=yes{}{}", list, master_, query.empty() ? "" : "&", query);
 }
 
+void SentinelRedis::tls_everywhere(const std::string& cert_file, const std::string& key_file,
+                                   const std::string& ca_file) {
+  sentinel_tls(cert_file, key_file, ca_file);
+  data_->tls(cert_file, key_file, ca_file);
+  tls_everywhere_ = true;
+}
+
+std::string SentinelRedis::tls_everywhere_url(const std::string& query) const {
+  std::string list;
+  for (const auto& s : sentinels_) list += fmt::format("{}127.0.0.1:{}", list.empty() ? "" : ",", s->tls_port());
+  return fmt::format("rediss+sentinel://{}/{}{}{}", list, master_, query.empty() ? "" : "?", query);
+}
+
 std::uint16_t SentinelRedis::primary_port(std::size_t i) {
   timeval tv{2, 0};
   redisContext* c = redisConnectWithTimeout("127.0.0.1", sentinels_.at(i)->port(), tv);
@@ -139,9 +153,10 @@ std::uint16_t SentinelRedis::primary_port(std::size_t i) {
 }
 
 EmbeddedRedis& SentinelRedis::node(std::uint16_t port) {
-  if (data_->primary().port() == port) return data_->primary();
+  auto is = [port](EmbeddedRedis& r) { return r.port() == port || (r.tls_port() != 0 && r.tls_port() == port); };
+  if (is(data_->primary())) return data_->primary();
   for (std::size_t i = 0; i < data_->replica_count(); ++i)
-    if (data_->replica(i).port() == port) return data_->replica(i);
+    if (is(data_->replica(i))) return data_->replica(i);
   throw std::runtime_error(fmt::format("no data node on port {}", port));
 }
 
@@ -159,7 +174,9 @@ std::uint16_t SentinelRedis::failover(std::chrono::milliseconds timeout, std::ch
           if (named_at && *named_at == std::chrono::steady_clock::time_point{}) *named_at = std::chrono::steady_clock::now();
           for (std::size_t i = 1; i < sentinels_.size(); ++i)
             if (primary_port(i) != now) return false;
-          return redis_command_at("127.0.0.1", now, "INFO replication").find("role:master") != std::string::npos;
+          // Asked in plain: `now` is a TLS port with tls_everywhere().
+          return redis_command_at("127.0.0.1", node(now).port(), "INFO replication").find("role:master") !=
+                 std::string::npos;
         } catch (const std::exception&) {
           return false;
         }

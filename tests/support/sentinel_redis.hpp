@@ -36,14 +36,22 @@ class SentinelRedis {
   // Before start(): the sentinels also listen with TLS (--tls-port) on this
   // certificate; they still talk to the data nodes and each other in plain.
   void sentinel_tls(std::string cert_file, std::string key_file, std::string ca_file);
+  // Before start(): TLS everywhere. The sentinels as sentinel_tls(), the data
+  // nodes listen with TLS and replicate over it, and the sentinels reach the
+  // data nodes and each other over TLS (--tls-replication yes), so every
+  // address a sentinel names is a TLS port.
+  void tls_everywhere(const std::string& cert_file, const std::string& key_file, const std::string& ca_file);
+  // rediss+sentinel://<the sentinels' TLS ports>/mymaster, plus "?query".
+  std::string tls_everywhere_url(const std::string& query = {}) const;
   const std::string& master_name() const noexcept { return master_; }
   ReplicatedRedis& data() { return *data_; }
   EmbeddedRedis& sentinel(std::size_t i) { return *sentinels_.at(i); }
   std::size_t sentinel_count() const { return sentinels_.size(); }
 
-  // The primary's port as sentinel `i` names it.
+  // The primary's port as sentinel `i` names it (its TLS port with
+  // tls_everywhere()).
   std::uint16_t primary_port(std::size_t i = 0);
-  // The data node (primary or replica) listening on `port`.
+  // The data node (primary or replica) listening on `port`, plain or TLS.
   EmbeddedRedis& node(std::uint16_t port);
 
   // SENTINEL FAILOVER, then waits until every sentinel names the new primary,
@@ -56,6 +64,7 @@ class SentinelRedis {
  private:
   std::string master_;
   EmbeddedRedisOptions sentinel_base_;
+  bool tls_everywhere_ = false;
   std::unique_ptr<ReplicatedRedis> data_;
   std::vector<std::unique_ptr<EmbeddedRedis>> sentinels_;
 };

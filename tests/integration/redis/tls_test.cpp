@@ -129,6 +129,52 @@ TEST_F(RedisTls, TlsServerKilledWithCallsInFlightFailsThemAndTheClientReconnects
   EXPECT_GE(c.stats().reconnects, 1u);
 }
 
+// TLS everywhere behind Sentinel (rediss+sentinel://): the sentinels listen
+// with TLS and reach the data nodes and each other over it, the data nodes
+// replicate over TLS, so every address a sentinel names is a TLS port. The
+// client finds the primary through TLS sentinels, writes to it over TLS, and
+// after SENTINEL FAILOVER follows the promotion to the replica's TLS port.
+TEST_F(RedisTls, EverythingOverTlsBehindSentinelFollowsAFailover) {
+  test::SentinelRedis dep(1, 2);
+  dep.tls_everywhere(dir_ + "/server.crt", dir_ + "/server.key", dir_ + "/ca.crt");
+  dep.start();
+  auto o = parse_url(dep.tls_everywhere_url("ca=" + dir_ + "/ca.crt"));
+  ASSERT_TRUE(o.tls.enabled);
+  ASSERT_TRUE(o.sentinel.tls);
+  o.connect_timeout = Ms(2000);
+  o.command_timeout = Ms(3000);
+  o.on_warning = [](const std::string&) {};
+  Client c(o);
+  ASSERT_TRUE(c.wait_connected(Ms(10000)));
+  const std::uint16_t primary = dep.primary_port();
+  ASSERT_EQ(primary, dep.data().primary().tls_port()) << "the sentinels name the primary's TLS port";
+  EXPECT_EQ(c.address(), fmt::format("127.0.0.1:{}", primary));
+  EXPECT_EQ(c.exec(Command{"SET", "t:tls-everywhere", "1"}).str, "OK");
+  // Asked in plain on the side: written on the primary, replicated over TLS.
+  EXPECT_EQ(redis_command_at("127.0.0.1", dep.node(primary).port(), "GET t:tls-everywhere"), "1");
+  const std::uint16_t replica_plain = dep.data().replica(0).port();
+  EXPECT_TRUE(eventually([&] { return redis_command_at("127.0.0.1", replica_plain, "GET t:tls-everywhere") == "1"; },
+                         Ms(5000)));
+
+  const std::uint16_t promoted = dep.failover();
+  ASSERT_EQ(promoted, dep.data().replica(0).tls_port());
+  // A call that meets the old primary's closed or demoted connection fails
+  // (it may or may not have run); the next ones go to the promoted replica.
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          return c.exec(Command{"SET", "t:tls-everywhere", "2"}).str == "OK" &&
+                 c.address() == fmt::format("127.0.0.1:{}", promoted);
+        } catch (const Error&) {
+          return false;
+        }
+      },
+      Ms(15000)))
+      << "now at " << c.address();
+  EXPECT_EQ(redis_command_at("127.0.0.1", replica_plain, "GET t:tls-everywhere"), "2");
+  EXPECT_NE(redis_command_at("127.0.0.1", replica_plain, "INFO replication").find("role:master"), std::string::npos);
+}
+
 // Sentinels behind TLS (sentinel_tls=yes; rediss+sentinel:// is the same with
 // TLS to the data nodes too): the client asks them over TLS, with the data
 // nodes' CA, and finds the primary; a sentinel whose certificate the CA did
