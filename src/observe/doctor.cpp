@@ -276,7 +276,7 @@ CheckResult check_cluster(redis::Client& c, const Info& info) {
                                     get(ci, "cluster_state"), get(ci, "cluster_slots_ok"), get(ci, "cluster_size"));
     if (get(ci, "cluster_state") != "ok")
       return fail("cluster", detail, "the cluster cannot serve every slot: commands for some keys fail (CLUSTERDOWN)");
-    return ok("cluster", detail + " (the lock-state record and its quarantine live on one shard: docs/lock-safety.md)");
+    return ok("cluster", detail + " (each primary keeps its own lock-state record; a loss on one shard pauses grants on all: docs/lock-safety.md)");
   }
   if (c.options().cluster)
     return fail("cluster", "the URL says cluster=yes but the server is not in cluster mode",
