@@ -28,6 +28,19 @@ const redis::Script& script_epoch() {
 // A check whose reply keeps arriving on a newer connection than it was sent
 // on (a flapping link) gives up after this many tries and reports the flap.
 constexpr int kMaxCheckRetries = 5;
+
+// A refusal a failover under way explains: the node named primary says it is
+// a replica, or a shard's node answers MOVED/ASK/CLUSTERDOWN/TRYAGAIN to the
+// check pinned to it (the slot map moved under the check). A waiting acquire
+// asks again this soon, within its wait, and the next check asks for a fresh
+// map; a try-once acquire gets the refusal as it is.
+constexpr ms kFailoverRetry{100};
+
+bool failover_reply(const std::string& text) {
+  for (const char* p : {"MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN"})
+    if (text.rfind(p, 0) == 0) return true;
+  return false;
+}
 }  // namespace
 
 bool version_at_least(std::string_view version, int major, int minor) {
@@ -266,7 +279,8 @@ void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::R
   if (c->role != "master") {
     ticket_.reset();
     return settle(make_error_code(errc::server_busy),
-                  fmt::format("{} is a {}, not a primary: no grants from it", client_.address(), c->role), ms(0));
+                  fmt::format("{} is a {}, not a primary: no grants from it", client_.address(), c->role),
+                  kFailoverRetry);
   }
   server_version_ = c->version;
   aof_enabled_ = c->aof;
@@ -294,7 +308,9 @@ void StateGate::on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardChe
       part->shards.push_back(std::move(sc));
     }
     partial_ = std::move(part);
-    return settle(replies[i].first, shards[i].node.address + ": " + replies[i].second.str, ms(0));
+    const std::string& text = replies[i].second.str;
+    return settle(replies[i].first, shards[i].node.address + ": " + text,
+                  failover_reply(text) ? kFailoverRetry : ms(0));
   }
   auto t = std::make_shared<Ticket>();
   t->mark = sent_mark;
@@ -314,7 +330,7 @@ void StateGate::on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardChe
       // under way. No grants until a check finds the map and the roles agree.
       ticket_.reset();
       return settle(make_error_code(errc::server_busy),
-                    fmt::format("{} is a {}, not a primary: no grants from it", at, c->role), ms(0));
+                    fmt::format("{} is a {}, not a primary: no grants from it", at, c->role), kFailoverRetry);
     }
     shards[i].epoch = c->id;
     if (c->evicting) shards[i].evicted = c->evicted;

@@ -52,7 +52,8 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   };
   using TicketPtr = std::shared_ptr<const Ticket>;
   // ec clear: the grant may be asked for under `t`. ec set: refused; `detail`
-  // is one line, `retry_in` > 0 when a quarantine ends in that long.
+  // is one line, `retry_in` > 0 when a quarantine ends in that long or a
+  // failover under way may be over by then (a waiter asks again then).
   using Admit = std::function<void(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in,
                                    TicketPtr t)>;
   // A new epoch was found: every lease granted under another one is lost.

@@ -47,7 +47,7 @@ using jobguard::test::eventually;
 namespace {
 
 struct Tally {
-  int grants = 0, overlaps = 0, regressions = 0, errors = 0, unconfirmed = 0;
+  int grants = 0, overlaps = 0, regressions = 0, errors = 0, unconfirmed = 0, gated = 0;
   int grants_on_failed_shard = 0;
   int after_failover = 0;  // of those, granted once the promoted replica served the slot
   long long failover_ms = 0;
@@ -56,7 +56,7 @@ struct Tally {
 // One worker process: until `until`, pick a resource, acquire, hold 20 ms, release.
 [[noreturn]] void worker(const std::string& url, const std::string& dir, const std::vector<std::string>& resources,
                          Clock::time_point until) {
-  int errors = 0, unconfirmed = 0;
+  int errors = 0, unconfirmed = 0, gated = 0;
   try {
     auto o = redis::parse_url(url);
     o.command_timeout = 1s;
@@ -73,6 +73,11 @@ struct Tally {
         lock = svc->acquire(r, {.ttl = 1s, .wait = 1500ms, .fence = true});
       } catch (const Error& e) {
         ++errors;
+        const std::string what = e.what();
+        // The gate's refusals while the failover is under way (a node that
+        // is a replica now, a check answered MOVED): asked again within the
+        // wait, so only one whose wait ended inside the failover counts.
+        if (what.find("not a primary") != std::string::npos || what.find("MOVED") != std::string::npos) ++gated;
         if (std::string(e.what()).find("not confirmed by replicas") != std::string::npos) ++unconfirmed;
         std::this_thread::sleep_for(20ms);
         continue;
@@ -89,7 +94,7 @@ struct Tally {
   } catch (...) {
     _exit(3);
   }
-  test::append_line(dir + "/errors", fmt::format("{} {}\n", errors, unconfirmed));
+  test::append_line(dir + "/errors", fmt::format("{} {} {}\n", errors, unconfirmed, gated));
   _exit(0);
 }
 
@@ -163,18 +168,19 @@ Tally run_through_failover(int replicas, bool force) {
     }
   }
   std::istringstream errs(test::read_file(dir + "/errors"));
-  int e = 0, u = 0;
-  while (errs >> e >> u) {
+  int e = 0, u = 0, g = 0;
+  while (errs >> e >> u >> g) {
     t.errors += e;
     t.unconfirmed += u;
+    t.gated += g;
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::fprintf(stderr,
                "[cluster-failover] replicas=%d %s: %d grants (%d on the shard failed over, %d of them after), %d overlaps, %d fences not "
-               "above the last of their resource, %d acquire errors (%d unconfirmed); the failover took %lld ms\n",
+               "above the last of their resource, %d acquire errors (%d unconfirmed, %d refused by the gate); the failover took %lld ms\n",
                replicas, force ? "CLUSTER FAILOVER FORCE" : "CLUSTER FAILOVER", t.grants, t.grants_on_failed_shard,
-               t.after_failover, t.overlaps, t.regressions, t.errors, t.unconfirmed, t.failover_ms);
+               t.after_failover, t.overlaps, t.regressions, t.errors, t.unconfirmed, t.gated, t.failover_ms);
   return t;
 }
 

@@ -3,6 +3,7 @@
 // until a max TTL has passed; a lease granted before the loss is lost at once.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <thread>
 
 #include "jobguard/error.hpp"
@@ -90,6 +91,37 @@ TEST_F(QuarantineTest, AnAcquireWhoseWaitOutlastsTheQuarantineWaitsItOut) {
   server->restart();
   auto l = svc->acquire(resource("a"), LockOptions{.ttl = 300ms, .wait = 10s});
   EXPECT_TRUE(l);
+}
+
+// A server that turns into a replica (a failover under way) is refused by
+// the gate, naming its role; a waiting acquire asks again within its wait
+// instead of failing at once, and is granted once the server is a primary
+// again (REPLICAOF NO ONE: the same process, its record intact).
+TEST_F(QuarantineTest, AWaitingAcquireWaitsForTheServerToBeAPrimaryAgain) {
+  auto c = make_client();
+  auto svc = LockService::create(*c, KeyBuilder(), QuarantineOptions{.max_ttl = kMaxTtl, .recheck = 50ms});
+  ASSERT_EQ(refusal(*svc, resource("a")), "");
+  // A replica of nothing: it keeps its data, answers, and takes no writes.
+  admin("REPLICAOF 127.0.0.1 1");
+  std::string why;
+  ASSERT_TRUE(eventually(
+      [&] {
+        try {
+          if (auto l = svc->acquire(resource("b"), LockOptions{.ttl = 300ms})) return false;
+        } catch (const Error& e) {
+          why = e.what();  // READONLY first, if the script got there before the check
+        }
+        return why.find("not a primary") != std::string::npos;
+      },
+      5s))
+      << why;
+  auto waiting = std::async(std::launch::async, [&] {
+    return svc->acquire(resource("b"), LockOptions{.ttl = 300ms, .wait = 10s});
+  });
+  EXPECT_EQ(waiting.wait_for(500ms), std::future_status::timeout) << "the waiting acquire gave up at once";
+  admin("REPLICAOF NO ONE");
+  ASSERT_EQ(waiting.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(waiting.get()) << "not granted once the server was a primary again";
 }
 
 TEST_F(QuarantineTest, ATtlAboveTheMaxTtlIsRefused) {
