@@ -486,7 +486,6 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
 
   // The heartbeat on every node connection, and a look at the slot map.
   void ping_nodes() {
-    bool lost_node = false;
     std::unordered_set<std::string> in_use;
     for (const auto& [ch, w] : placed) in_use.insert(w);
     std::vector<std::shared_ptr<Node>> idle;
@@ -503,14 +502,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
         it = nodes.erase(it);
         continue;
       }
-      const std::string& where = it->first;
       ++it;
-      if (!n->conn->ready()) {
-        for (auto& [ch, w] : placed)
-          if (w == where && wanted(ch)) lost_node = true;
-        continue;
-      }
-      if (n->ping_in_flight) continue;
+      if (!n->conn->ready() || n->ping_in_flight) continue;
       n->ping_in_flight = true;
       std::weak_ptr<Node> wn = n;
       send_on(*n, Command{"PING"}, [wn](std::error_code, Reply) {
@@ -520,15 +513,16 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
     // Closed once out of the map: a completion the close runs may place a
     // channel (and so add a node) again.
     for (auto& n : idle) n->conn->close();
-    // The map is asked for at every heartbeat while channels are placed, not
-    // only when a node is lost: a manual failover leaves the old primary up
+    // The map is asked for at every heartbeat while channels are placed: a
+    // node holding channels that is not connected may be gone for good, and
+    // a manual failover leaves the old primary up
     // as a replica that Redis 7.0 neither unsubscribes us from nor (while the
     // new primary does not yet count it in its shard) forwards SPUBLISH to,
     // so a release published then is never heard there. The reconcile moves
     // such channels to the new primary, and on_resubscribed makes their
     // waiters try again (a release may have been missed). One CLUSTER SHARDS
     // per heartbeat per process, the way Redisson scans its topology.
-    if (lost_node || !placed.empty()) ask_map();
+    if (!placed.empty()) ask_map();
   }
 
   void close() {
