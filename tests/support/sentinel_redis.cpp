@@ -58,7 +58,7 @@ SentinelRedis::~SentinelRedis() { sentinels_.clear(); }
 
 void SentinelRedis::start(std::chrono::milliseconds timeout) {
   data_->start();
-  const std::uint16_t primary = tls_everywhere_ ? data_->primary().tls_port() : data_->primary().port();
+  const std::uint16_t primary = data_->tls() ? data_->primary().tls_port() : data_->primary().port();
   for (auto& s : sentinels_) {
     EmbeddedRedisOptions o = sentinel_base_;
     // down-after 1 s, failover-timeout 2 s: the production defaults (30 s,
@@ -70,7 +70,7 @@ void SentinelRedis::start(std::chrono::milliseconds timeout) {
         "sentinel parallel-syncs {0} 2\n",
         master_, primary);
     o.extra_args = {"--sentinel"};
-    if (tls_everywhere_) o.extra_args.insert(o.extra_args.end(), {"--tls-replication", "yes"});
+    if (data_->tls()) o.extra_args.insert(o.extra_args.end(), {"--tls-replication", "yes"});
     s = std::make_unique<EmbeddedRedis>(o);
     s->start();
     // With TLS the sentinels tell each other their TLS ports (as a TLS-only
@@ -115,23 +115,25 @@ void SentinelRedis::sentinel_tls(std::string cert_file, std::string key_file, st
   sentinel_base_.tls_ca_file = std::move(ca_file);
 }
 
-std::string SentinelRedis::tls_url(const std::string& query) const {
+std::string SentinelRedis::tls_list() const {
   std::string list;
   for (const auto& s : sentinels_) list += fmt::format("{}127.0.0.1:{}", list.empty() ? "" : ",", s->tls_port());
-  return fmt::format("redis+sentinel://{}/{}?sentinel_tls=yes{}{}", list, master_, query.empty() ? "" : "&", query);
+  return list;
+}
+
+std::string SentinelRedis::tls_url(const std::string& query) const {
+  return fmt::format("redis+sentinel://{}/{}?sentinel_tls=yes{}{}", tls_list(), master_, query.empty() ? "" : "&",
+                     query);
 }
 
 void SentinelRedis::tls_everywhere(const std::string& cert_file, const std::string& key_file,
                                    const std::string& ca_file) {
   sentinel_tls(cert_file, key_file, ca_file);
   data_->tls(cert_file, key_file, ca_file);
-  tls_everywhere_ = true;
 }
 
 std::string SentinelRedis::tls_everywhere_url(const std::string& query) const {
-  std::string list;
-  for (const auto& s : sentinels_) list += fmt::format("{}127.0.0.1:{}", list.empty() ? "" : ",", s->tls_port());
-  return fmt::format("rediss+sentinel://{}/{}{}{}", list, master_, query.empty() ? "" : "?", query);
+  return fmt::format("rediss+sentinel://{}/{}{}{}", tls_list(), master_, query.empty() ? "" : "?", query);
 }
 
 std::uint16_t SentinelRedis::primary_port(std::size_t i) {
@@ -153,7 +155,7 @@ std::uint16_t SentinelRedis::primary_port(std::size_t i) {
 }
 
 EmbeddedRedis& SentinelRedis::node(std::uint16_t port) {
-  auto is = [port](EmbeddedRedis& r) { return r.port() == port || (r.tls_port() != 0 && r.tls_port() == port); };
+  auto is = [port](EmbeddedRedis& r) { return r.port() == port || r.tls_port() == port; };
   if (is(data_->primary())) return data_->primary();
   for (std::size_t i = 0; i < data_->replica_count(); ++i)
     if (is(data_->replica(i))) return data_->replica(i);

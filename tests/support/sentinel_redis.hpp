@@ -62,9 +62,9 @@ class SentinelRedis {
                          std::chrono::steady_clock::time_point* named_at = nullptr);
 
  private:
+  std::string tls_list() const;  // "127.0.0.1:A,127.0.0.1:B,...", the sentinels' TLS ports
   std::string master_;
   EmbeddedRedisOptions sentinel_base_;
-  bool tls_everywhere_ = false;
   std::unique_ptr<ReplicatedRedis> data_;
   std::vector<std::unique_ptr<EmbeddedRedis>> sentinels_;
 };
