@@ -135,6 +135,9 @@ struct GuardedRunner::Attempt {
   std::optional<Lock> lock;
   std::optional<Lease> lease;
   bool fail_open = false;
+  // The one-call claim left the unit's idempotency key unwritten
+  // (claim.lua's 'defer'): the finish writes it, completed.
+  bool idem_deferred = false;
   observe::LockClassMetrics* m = nullptr;
   std::chrono::steady_clock::time_point t0;
 
@@ -161,6 +164,7 @@ struct GuardedRunner::FusedClaim {
   // granted with a key: what its claim found (claimed: `owner` is ours)
   std::optional<guard::BeginResult> begin;
   std::string owner;
+  bool deferred = false;  // granted, the key's write left to the finish
 };
 
 GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass cls, RunnerBackends backends)
@@ -558,6 +562,7 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   // Phase 2: claim.
   if (fc.kind == FusedClaim::granted) {
     hold(std::move(*fc.lock));
+    a.idem_deferred = fc.deferred;
   } else {
     try {
       auto lock = co_await await_done<std::optional<Lock>>([&](auto granted) {
@@ -628,7 +633,11 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
       out.owner = guard::make_owner_token();
       const auto lease = cls_.long_running ? cls_.hard_timeout : cls_.ttl;
       c.keys.push_back(fused_->idempotency->key_for(idem_key));
-      c.args = {a.fingerprint, out.owner, std::to_string(lease.count()), fused_->idem_retention};
+      // A lease that is the lock's TTL from the grant ends with the lock:
+      // the key's write can wait for the finish (claim.lua). A long-running
+      // class's key outlives a lost lease by its hard timeout: written now.
+      c.args = {a.fingerprint, out.owner, std::to_string(lease.count()), fused_->idem_retention,
+                cls_.long_running ? "" : "defer"};
     }
     res = co_await await_done<::jobguard::detail::ComposedResult>([&](auto done) {
       ::jobguard::detail::async_attempt_composed(
@@ -647,7 +656,12 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
       out.kind = FusedClaim::busy;
       co_return out;
     }
-    if (fused_->idempotency && !res.part.is_nil()) out.begin = guard::RedisIdempotencyStore::parse_begin_reply(res.part);
+    if (fused_->idempotency && res.part.is_string() && res.part.str == "deferred") {
+      out.deferred = true;
+      out.begin = guard::BeginResult{.status = guard::BeginStatus::claimed, .owner = out.owner};
+    } else if (fused_->idempotency && !res.part.is_nil()) {
+      out.begin = guard::RedisIdempotencyStore::parse_begin_reply(res.part);
+    }
     if (res.status == S::granted) {
       out.kind = FusedClaim::granted;
       out.lock = std::move(res.lock);
@@ -660,7 +674,7 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
   }
   // A grant handed back (an unchecked connection): the key it claimed for
   // us is dropped too, so the step-by-step claim does not find it in progress.
-  if (out.begin && out.begin->status == guard::BeginStatus::claimed)
+  if (out.begin && out.begin->status == guard::BeginStatus::claimed && !out.deferred)
     fused_->idempotency->async_abandon(idem_key, out.owner, [](std::exception_ptr, bool) {});
   FusedClaim ask_again;
   co_return ask_again;
@@ -678,6 +692,12 @@ awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& ru
   std::vector<std::string> args{a.lock->token(), svc.keys().channel(a.resource), b_.worker, result,
                                 fused_->record_retention, owner, fused_->idem_retention,
                                 svc.client().options().cluster ? "1" : ""};
+  const bool deferred = idem_ok && a.idem_deferred;
+  if (deferred) {
+    const auto held_for = std::chrono::duration_cast<milliseconds>(clock_->now() - a.lock->acquired_at());
+    args.insert(args.end(), {"deferred", a.fingerprint, std::to_string(std::max<std::int64_t>(0, held_for.count())),
+                             std::to_string(cls_.ttl.count())});
+  }
   redis::Reply reply;
   try {
     reply = co_await await_done<redis::Reply>([&](auto done) {
@@ -688,6 +708,15 @@ awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& ru
     });
   } catch (const std::exception&) {
     co_return false;
+  }
+  if (deferred && reply.is_array() && reply.elements.size() == 3 && reply.elements[0].is_integer() &&
+      reply.elements[0].integer == 0) {
+    // The key is another run's (or the lock is): our lock released if it
+    // was still ours, nothing written; reported as the steps would.
+    a.lock->released_by_script(reply.elements[2].is_integer() && reply.elements[2].integer == 1);
+    guard::RedisIdempotencyStore::check_complete_reply(reply.elements[1],
+                                                       step_idempotency_key(cls_.name, a.resource, run_id), owner);
+    co_return false;  // not reached: the reply above is a refusal
   }
   if (!reply.is_array() || reply.elements.size() != 3 || !reply.elements[0].is_integer() ||
       reply.elements[0].integer != 1)
@@ -820,7 +849,7 @@ awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r, con
     // The effect reported that it did not complete: free the key at once so
     // a retry does not wait out the claim. The downstream still sees the
     // same key on the retry, which is what protects a half-done effect.
-    if (idem_ok) {
+    if (idem_ok && !a.idem_deferred) {  // a deferred key was never written
       try {
         co_await store_call<bool>(
             *b_.idempotency, a.body->blocking, cls_.name,
@@ -848,6 +877,16 @@ awaitable<bool> GuardedRunner::run_step(Attempt& a, int chunk, RunResult& r, con
       co_await one_call_finish(a, run_id, owner, idem_ok, result)) {
     r.result = std::move(result);
     co_return true;
+  }
+  if (idem_ok && a.idem_deferred) {
+    // The deferred key (the one call failed or its reply was lost): claimed
+    // now under our owner, unless the lost reply's finish completed it, or
+    // another run has it; the complete below then tells which.
+    const auto lease = cls_.ttl;
+    co_await store_call<guard::BeginResult>(
+        *b_.idempotency, a.body->blocking, cls_.name,
+        [&](auto done) { b_.idempotency->async_begin(ctx.idem_key_, a.fingerprint, lease, owner, std::move(done)); },
+        [&] { return b_.idempotency->begin(ctx.idem_key_, a.fingerprint, lease, owner); });
   }
   if (idem_ok)
     co_await store_call<bool>(

@@ -44,12 +44,10 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   if (!ticket || opts.ttl > svc.max_ttl() || opts.ttl < std::chrono::milliseconds(10))
     return answer(svc, std::move(done), Error(), {});
   const auto& k = svc.keys();
-  std::vector<std::string> keys{k.lock_key(resource), k.fence_key(resource), k.queue_key(resource),
-                                k.queue_expiry_key(resource)};
+  std::vector<std::string> keys{k.lock_key(resource), k.fence_key(resource)};
   keys.insert(keys.end(), std::make_move_iterator(c.keys.begin()), std::make_move_iterator(c.keys.end()));
   std::string token = make_token(opts.job_id);
-  std::vector<std::string> args{token, std::to_string(opts.ttl.count()), opts.fence ? "1" : "0", "0", "0", "0", "",
-                                ticket->evicted};
+  std::vector<std::string> args{token, std::to_string(opts.ttl.count()), opts.fence ? "1" : "0", ticket->evicted};
   args.insert(args.end(), std::make_move_iterator(c.args.begin()), std::make_move_iterator(c.args.end()));
   const auto sent_at = svc.clock().now();
   auto self = svc.shared_from_this();

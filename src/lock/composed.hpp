@@ -30,16 +30,21 @@ std::string release_as_function();
 // Any script's text as `local function <name>(KEYS, ARGV) ... end`.
 std::string as_lua_function(std::string_view name, std::string_view body);
 
-// A try-once, non-fair grant attempt through `script`, which gets acquire.lua's
-// four keys and eight arguments first (pass them to acquire() as they are)
-// and the caller's after them. It returns {status, fence or pttl, part}:
+// A try-once, non-fair grant attempt through `script`, which gets the two
+// keys and four arguments of acquire.lua such a grant reads first — KEYS 1
+// the lock, 2 its fence counter; ARGV 1 token, 2 ttl ms, 3 fence 0|1, 4 the
+// gate's evicted_keys ('' where the server does not evict) — and the
+// caller's after them. The script calls
+//   acquire({KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], '0', '0', '0', '', ARGV[4]})
+// (every argument of a call costs the server, and the fair queue's keys and
+// the waiter's arguments are never read by such a grant). It returns {status, fence or pttl, part}:
 // status 1 granted, 0 busy, -1 keys evicted since the gate's check (all as
 // acquire.lua), 2 declined by the caller's own check before the grant; `part`
 // is the caller's and handed back as it is.
 struct ComposedAttempt {
   const redis::Script* script = nullptr;  // static: outlives the call
-  std::vector<std::string> keys;          // after acquire.lua's four
-  std::vector<std::string> args;          // after its eight
+  std::vector<std::string> keys;          // after the lock's two
+  std::vector<std::string> args;          // after its four
 };
 
 enum class ComposedStatus {

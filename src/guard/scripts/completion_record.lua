@@ -1,10 +1,15 @@
 -- Completion record: create once, otherwise return the one already there.
 -- KEYS[1] record key; ARGV[1] completed_by, ARGV[2] result, ARGV[3] retention ms (0 = forever),
 --   ARGV[4] (composed calls only) the server's time in ms, read once by the
---   caller's script ('' or absent: read here)
+--   caller's script ('' or absent: read here),
+--   ARGV[5] (composed calls only) 'absent': the caller knows KEYS[1] is
+--   missing (finish.lua: a run writes its idempotency key before its record,
+--   and found the key missing in the same script call), so it is not read
 -- Returns {1 if recorded else 0, completed_at_ms, completed_by, result}
-local got = redis.call('HMGET', KEYS[1], 'at', 'by', 'result')
-if got[1] then return {0, got[1], got[2], got[3]} end
+if ARGV[5] ~= 'absent' then
+  local got = redis.call('HMGET', KEYS[1], 'at', 'by', 'result')
+  if got[1] then return {0, got[1], got[2], got[3]} end
+end
 local at = ARGV[4]
 if not at or at == '' then
   local t = redis.call('TIME')

@@ -9,14 +9,53 @@
 --       herd), 4 the idempotency key (optional)
 -- ARGV: 1 lock token, 2 release channel, 3 completed_by, 4 result,
 --       5 record retention ms, 6 idempotency owner, 7 idempotency retention ms,
---       8 '1' on a Redis Cluster (release.lua's sharded publish), else ''
--- Returns {1, recorded 0|1, released 0|1}, or {0, idempotency_complete's
+--       8 '1' on a Redis Cluster (release.lua's sharded publish), else '';
+--       the deferred form (claim.lua did not write the key): 9 'deferred',
+--       10 the fingerprint, 11 ms since the claim (the client's clock), 12 the
+--       key's lease ms
+-- Returns {1, recorded 0|1, released 0|1}; or {0, idempotency_complete's
 -- reply} when the key is no longer ours: then nothing is written or
--- released, and the runner's own steps report it as they would.
+-- released, and the runner's own steps report it as they would. The
+-- deferred form instead returns {0, {0, state, holder}, released 0|1}: the
+-- lock released (when ours) and nothing written, for the runner to report.
 -- The server's clock read once for the key and the record (each redis.call
 -- is a good part of the call's cost).
 local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = string.format('%d', now_ms)
+if ARGV[9] == 'deferred' then
+  -- The key is written once, here, by the first run of the unit to finish;
+  -- the script runs alone, so the order of the steps below is free.
+  local rel = release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]})
+  local k = redis.call('HMGET', KEYS[4], 'state', 'owner')
+  local record_absent = ''
+  if not k[1] then
+    if rel == 0 then
+      -- Our lock is gone. If another run of the unit holds it now, that run
+      -- completes the key when it ends; this one reports the lost lock.
+      local holder = redis.call('GET', KEYS[2])
+      if holder then return {0, {0, 'unwritten (the lock is held by ' .. holder .. ')', false}, rel} end
+    end
+    -- The fields idempotency_begin.lua and idempotency_complete.lua would
+    -- have left: readers cannot tell the two paths apart.
+    local since = now_ms - tonumber(ARGV[11])
+    redis.call('HSET', KEYS[4], 'state', 'completed', 'fp', ARGV[10], 'owner', ARGV[6],
+               'since', string.format('%d', since), 'lease_until', string.format('%d', since + tonumber(ARGV[12])),
+               'result', ARGV[4], 'done', now)
+    redis.call('PEXPIRE', KEYS[4], ARGV[7])
+    -- The claim found both missing, and a run that is not chunked completes
+    -- the unit's key before it writes the unit's record (the steps, this
+    -- script, the steps after a lost reply): with the key still missing, so
+    -- is the record. (A chunked run records without that key; it would have
+    -- to hold the unit's lock, which was ours.)
+    record_absent = 'absent'
+  elseif k[1] ~= 'completed' or k[2] ~= ARGV[6] then
+    -- Claimed or completed by another run (a step-by-step claim while we
+    -- held the lock, or a run after our lock was lost): not ours to write.
+    return {0, {0, k[1], k[2]}, rel}
+  end
+  return {1, record({KEYS[1]}, {ARGV[3], ARGV[4], ARGV[5], now, record_absent})[1], rel}
+end
 if KEYS[4] then
   local c = idem_complete({KEYS[4]}, {ARGV[6], ARGV[4], ARGV[7], now})
   if c[1] ~= 1 then return {0, c} end

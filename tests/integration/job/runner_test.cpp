@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -712,12 +713,15 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   job::GuardedRunner runner(own, cls, {.completions = &done, .idempotency = &idem});
   int runs = 0;
   std::string lock_key, idem_key;
+  long long key_during_effect = -1;
   auto effect = [&](job::JobContext& ctx) {
     ++runs;
     lock_key = ctx.lock_key();
     idem_key = ctx.idempotency_key();
-    // Held and claimed while the effect runs.
+    // Held while the effect runs; the key is written by the finish only
+    // (its lease would end with the lock: docs/runner.md).
     EXPECT_FALSE(client->exec({"GET", lock_key}).is_nil());
+    key_during_effect = client->exec({"EXISTS", "jobguard:idem:" + idem_key}).integer;
     return std::string("ch_40");
   };
   // Warm: the service's state gate has checked the server (until then a
@@ -743,17 +747,20 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   const auto s0 = server_calls();
   auto c0 = commands();
   auto r = runner.run({.id = "40", .run_id = "r"}, effect);
-  const auto ran_with = commands() - c0 - 1;  // less the effect's own GET
+  const auto ran_with = commands() - c0 - 2;  // less the effect's own GET and EXISTS
   auto s1 = server_calls();
   ASSERT_EQ(r.outcome, Outcome::completed) << r.detail;
   EXPECT_EQ(ran_with, 2u) << "a claim and a finish";
   auto delta = [&](const std::string& cmd) { return s1[cmd] - (s0.count(cmd) ? s0.at(cmd) : 0); };
   // A unit's first attempt: one EXISTS finds neither its record nor its key,
-  // so the claim reads neither again; the finish reads the clock once for
-  // both the key and the record, and reads each of them once.
-  EXPECT_EQ(delta("exists"), 1);
-  EXPECT_EQ(delta("hmget"), 2) << "the key's owner and the record, at the finish only";
-  EXPECT_EQ(delta("time"), 2) << "one for the key's lease, one for the finish";
+  // so the claim reads neither again and writes only the lock; the finish
+  // reads the clock once for both the key and the record, reads the key and
+  // writes each once.
+  EXPECT_EQ(delta("exists"), 2) << "the claim's, and the effect's look at the key";
+  EXPECT_EQ(key_during_effect, 0) << "the key is not written before the effect";
+  EXPECT_EQ(delta("hmget"), 1) << "the key's owner, at the finish only (with the key missing, so is the record)";
+  EXPECT_EQ(delta("time"), 1) << "the finish's, for the key and the record";
+  EXPECT_EQ(delta("hset"), 2) << "the key, completed, and the record";
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(client->exec({"EXISTS", lock_key}).integer, 0) << "released";
   auto rec = done.find(cls_name(), "invoice:40", "r");
@@ -810,6 +817,77 @@ TEST_F(RunnerTest, OneCallFinishLeavesAKeyTakenOverToTheStepsWhichReportIt) {
   EXPECT_NE(r.detail.find("another-worker"), std::string::npos) << r.detail;
   EXPECT_FALSE(done.find(cls_name(), "invoice:50", "r")) << "a record for an effect whose key was not ours";
   EXPECT_EQ(client->exec({"EXISTS", "jgt:lock:{invoice:50}"}).integer, 0) << "the lock is released all the same";
+}
+
+// The key's write deferred to the finish: a run whose lock was lost while
+// another run of the unit holds it now writes neither key nor record (the
+// holder does, when it ends) and reports the lost lock.
+TEST_F(RunnerTest, ADeferredKeyIsLeftToTheRunThatHoldsTheLockNow) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
+  // Warm: until the service's state gate has checked the server a claim
+  // goes step by step (and claims the key before the effect).
+  ASSERT_EQ(runner.run({.id = "warm", .run_id = "r"}, [](job::JobContext&) { return std::string(); }).outcome,
+            Outcome::completed);
+  std::optional<Lock> other;
+  std::string key;
+  auto r = runner.run({.id = "51", .run_id = "r"}, [&](job::JobContext& ctx) {
+    key = ctx.idempotency_key();
+    EXPECT_EQ(client->exec({"EXISTS", "jobguard:idem:" + key}).integer, 0) << "deferred";
+    client->exec({"DEL", ctx.lock_key()});  // our lock expired...
+    other = leases->service().acquire("invoice:51", LockOptions{.ttl = 5s});  // ...and another run holds it
+    EXPECT_TRUE(other);
+    return std::string("ch_51");
+  });
+  ASSERT_TRUE(other);
+  EXPECT_EQ(r.outcome, Outcome::lease_lost) << r.detail;
+  EXPECT_NE(r.detail.find("the lock is held by"), std::string::npos) << r.detail;
+  EXPECT_FALSE(done.find(cls_name(), "invoice:51", "r")) << "the holder records it when it ends";
+  EXPECT_EQ(client->exec({"EXISTS", "jobguard:idem:" + key}).integer, 0);
+  EXPECT_EQ(client->exec({"GET", "jgt:lock:{invoice:51}"}).str, other->token()) << "the holder's lock untouched";
+  EXPECT_TRUE(other->release());
+}
+
+// A run that outlived its lock with nobody after it still states the fact:
+// key and record written, the key with the same fields a claim and a
+// complete leave, so no reader can tell the two paths apart.
+TEST_F(RunnerTest, ADeferredKeyIsWrittenByARunThatOutlivedItsLockAlone) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto cls = low_class();
+  cls.consequence = Consequence::moderate;
+  job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
+  ASSERT_EQ(runner.run({.id = "warm", .run_id = "r"}, [](job::JobContext&) { return std::string(); }).outcome,
+            Outcome::completed);
+  std::string key;
+  auto r = runner.run({.id = "52", .run_id = "r"}, [&](job::JobContext& ctx) {
+    key = ctx.idempotency_key();
+    EXPECT_EQ(client->exec({"EXISTS", "jobguard:idem:" + key}).integer, 0) << "deferred";
+    client->exec({"DEL", ctx.lock_key()});
+    return std::string("ch_52");
+  });
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  auto rec = done.find(cls_name(), "invoice:52", "r");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->result, "ch_52");
+  auto b = idem.begin(key, "r", 1s);
+  EXPECT_EQ(b.status, guard::BeginStatus::completed);
+  EXPECT_EQ(b.result, "ch_52");
+
+  auto fields = [&](const std::string& k) {
+    std::set<std::string> names;
+    auto h = client->exec({"HGETALL", "jobguard:idem:" + k});
+    for (std::size_t i = 0; i < h.elements.size(); i += 2) names.insert(h.elements[i].str);
+    return names;
+  };
+  const std::string stepwise = cls_name() + "/stepwise";
+  auto c = idem.begin(stepwise, "r", 30s);
+  idem.complete(stepwise, c.owner, "x");
+  EXPECT_EQ(fields(key), fields(stepwise));
+  EXPECT_GT(client->exec({"PTTL", "jobguard:idem:" + key}).integer, 0) << "kept for the store's retention";
 }
 
 // A fenced class through the one-call claim: the token is issued by the
