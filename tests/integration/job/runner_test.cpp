@@ -91,6 +91,20 @@ class RunnerTest : public test::PostgresTest {
                           .protects = "a counter"};
   }
 
+  job::LockClass moderate_class() const {
+    auto c = low_class();
+    c.consequence = Consequence::moderate;
+    return c;
+  }
+
+  // Until the service's state gate has checked the server, a claim goes step
+  // by step (and a moderate one claims its key before the effect): one run
+  // first, so the next goes through the one-call claim.
+  static void warm(job::GuardedRunner& runner) {
+    ASSERT_EQ(runner.run({.id = "warm", .run_id = "r"}, [](job::JobContext&) { return std::string(); }).outcome,
+              Outcome::completed);
+  }
+
   observe::LockClassSnapshot metrics() const { return *observe::Registry::global().snapshot(cls_name()); }
 
   std::unique_ptr<EmbeddedRedis> server;
@@ -244,8 +258,7 @@ TEST_F(RunnerTest, FailOpenWithRedisStoppedRunsLoudlyCountsAndStillRecordsDurabl
 TEST_F(RunnerTest, ModerateClaimsTheIdempotencyKeyAndReplaysOneACrashedWorkerCompleted) {
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
   int runs = 0;
   std::string key;
@@ -290,8 +303,7 @@ TEST_F(RunnerTest, ModerateClaimsTheIdempotencyKeyAndReplaysOneACrashedWorkerCom
 TEST_F(RunnerTest, ModerateWaitsOutTheClaimOfAWorkerThatDiedMidEffect) {
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   Lines lines;
   job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem, .log = &lines.log});
   // The dead worker's claim: it began the effect and never came back. Its
@@ -427,8 +439,7 @@ TEST_F(RunnerTest, ChunkCheckpointsLetARunResumeAfterTheWorkerCrashed) {
   close(fd);
   const std::string log = tmpl;
   guard::PgCompletionStore done(pg_options());
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   cls.long_running = true;
   cls.ttl = 600ms;
   cls.hard_timeout = 60s;
@@ -626,8 +637,7 @@ TEST_F(RunnerTest, OneCallFinishWakesTheLongestWaitingWaiterNotTheHerd) {
   auto own = LeaseScheduler::create(svc);
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   cls.ttl = 30s;  // no renewal while the test counts commands
   job::GuardedRunner runner(own, cls, {.completions = &done, .idempotency = &idem});
   for (const char* id : {"48", "49"})
@@ -708,8 +718,7 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   auto own = LeaseScheduler::create(svc);
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   job::GuardedRunner runner(own, cls, {.completions = &done, .idempotency = &idem});
   int runs = 0;
   std::string lock_key, idem_key;
@@ -805,8 +814,7 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
 TEST_F(RunnerTest, OneCallFinishLeavesAKeyTakenOverToTheStepsWhichReportIt) {
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
   auto r = runner.run({.id = "50", .run_id = "r"}, [&](job::JobContext& ctx) {
     client->exec({"DEL", "jobguard:idem:" + ctx.idempotency_key()});
@@ -825,13 +833,9 @@ TEST_F(RunnerTest, OneCallFinishLeavesAKeyTakenOverToTheStepsWhichReportIt) {
 TEST_F(RunnerTest, ADeferredKeyIsLeftToTheRunThatHoldsTheLockNow) {
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
-  // Warm: until the service's state gate has checked the server a claim
-  // goes step by step (and claims the key before the effect).
-  ASSERT_EQ(runner.run({.id = "warm", .run_id = "r"}, [](job::JobContext&) { return std::string(); }).outcome,
-            Outcome::completed);
+  warm(runner);
   std::optional<Lock> other;
   std::string key;
   auto r = runner.run({.id = "51", .run_id = "r"}, [&](job::JobContext& ctx) {
@@ -857,11 +861,9 @@ TEST_F(RunnerTest, ADeferredKeyIsLeftToTheRunThatHoldsTheLockNow) {
 TEST_F(RunnerTest, ADeferredKeyIsWrittenByARunThatOutlivedItsLockAlone) {
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
-  auto cls = low_class();
-  cls.consequence = Consequence::moderate;
+  auto cls = moderate_class();
   job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
-  ASSERT_EQ(runner.run({.id = "warm", .run_id = "r"}, [](job::JobContext&) { return std::string(); }).outcome,
-            Outcome::completed);
+  warm(runner);
   std::string key;
   auto r = runner.run({.id = "52", .run_id = "r"}, [&](job::JobContext& ctx) {
     key = ctx.idempotency_key();
