@@ -1,5 +1,7 @@
 // Many threads sharing one GuardedRunner on the same units: every unit's
-// effect runs exactly once. In the ThreadSanitizer run (no fork here).
+// effect runs exactly once — for a low class with a lock and with a lease, and
+// for a moderate class with an idempotency key (whose one-call claim leaves the
+// key to the finish). In the ThreadSanitizer run (no fork here).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -7,6 +9,7 @@
 #include <thread>
 
 #include "jobguard/guard/completion.hpp"
+#include "jobguard/guard/idempotency.hpp"
 #include "jobguard/job/runner.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
@@ -21,17 +24,24 @@ TEST_F(RunnerConcurrency, ThreadsRacingOnTheSameUnitsRunEachEffectOnce) {
   auto client = make_client();
   auto leases = LeaseScheduler::create(LockService::create(*client, KeyBuilder("jgc")));
   guard::RedisCompletionStore done(*client, {.prefix = key("done:")});
-  for (bool long_running : {false, true}) {
-    job::LockClass cls{.name = long_running ? "conc-lease" : "conc-lock",
+  guard::RedisIdempotencyStore idem(*client, {.prefix = key("idem:")});
+  struct Variant {
+    const char* name;
+    bool long_running, moderate;
+  };
+  for (const Variant v : {Variant{"conc-lock", false, false}, Variant{"conc-lease", true, false},
+                          Variant{"conc-moderate", false, true}}) {
+    const bool long_running = v.long_running;
+    job::LockClass cls{.name = v.name,
                        .key_pattern = "unit:{id}",
-                       .consequence = job::Consequence::low,
+                       .consequence = v.moderate ? job::Consequence::moderate : job::Consequence::low,
                        .ttl = 5s,
                        .wait = 3s,  // racers wait for the holder, then find the record
                        .long_running = long_running,
                        .hard_timeout = long_running ? 30s : 0s,
                        .owner = "tests",
                        .protects = "a counter per unit"};
-    job::GuardedRunner runner(leases, cls, {.completions = &done});
+    job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = v.moderate ? &idem : nullptr});
     constexpr int kUnits = 40, kThreads = 6;
     std::array<std::atomic<int>, kUnits> runs{};
     std::array<std::atomic<int>, kUnits> inside{};
@@ -56,6 +66,13 @@ TEST_F(RunnerConcurrency, ThreadsRacingOnTheSameUnitsRunEachEffectOnce) {
     for (auto& th : threads) th.join();
     EXPECT_EQ(overlaps.load(), 0) << cls.name;
     EXPECT_EQ(not_ok.load(), 0) << cls.name;
-    for (int u = 0; u < kUnits; ++u) EXPECT_EQ(runs[static_cast<std::size_t>(u)].load(), 1) << cls.name << " unit " << u;
+    for (int u = 0; u < kUnits; ++u) {
+      EXPECT_EQ(runs[static_cast<std::size_t>(u)].load(), 1) << cls.name << " unit " << u;
+      if (v.moderate) {  // written once, by the one run that did the effect
+        EXPECT_EQ(idem.begin(cls.name + "/unit:" + std::to_string(u) + "/r", "r", 1s).status,
+                  guard::BeginStatus::completed)
+            << "unit " << u;
+      }
+    }
   }
 }
