@@ -18,7 +18,10 @@
 //     counts it and runs without the lock.
 //  3. effect: moderate classes with an IdempotencyStore claim the idempotency
 //     key first (a completed key returns its stored result without running the
-//     effect again). High classes run the effect inside a PostgreSQL
+//     effect again). A unit's first attempt in the one-call claim of a class
+//     that is not long-running only checks that the key is missing and leaves
+//     its write to the finish: its lease would end with the lock, which keeps
+//     every other run out until then (docs/lock-safety.md). High classes run the effect inside a PostgreSQL
 //     transaction holding an advisory lock on the resource; the completion
 //     record is inserted in that same transaction, so the durable state change
 //     and its proof commit together or not at all.
