@@ -45,10 +45,10 @@ if ARGV[9] == 'deferred' then
     redis.call('PEXPIRE', KEYS[4], ARGV[7])
     -- The claim found both missing, and a run that is not chunked completes
     -- the unit's key before it writes the unit's record (the steps, this
-    -- script, the steps after a lost reply): with the key still missing, so
-    -- is the record. (A chunked run records without that key; it would have
-    -- to hold the unit's lock, which was ours.)
-    record_absent = 'absent'
+    -- script, the steps after a lost reply): with the key still missing and
+    -- our lock held since the claim, so is the record. (A chunked run records
+    -- without that key, but it would have needed the lock.)
+    if rel == 1 then record_absent = 'absent' end
   elseif k[1] ~= 'completed' or k[2] ~= ARGV[6] then
     -- Claimed or completed by another run (a step-by-step claim while we
     -- held the lock, or a run after our lock was lost): not ours to write.
