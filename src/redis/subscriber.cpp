@@ -515,10 +515,10 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
     for (auto& n : idle) n->conn->close();
     // The map is asked for at every heartbeat while channels are placed: a
     // node holding channels that is not connected may be gone for good, and
-    // a manual failover leaves the old primary up
-    // as a replica that Redis 7.0 neither unsubscribes us from nor (while the
-    // new primary does not yet count it in its shard) forwards SPUBLISH to,
-    // so a release published then is never heard there. The reconcile moves
+    // a manual failover leaves the old primary up as a replica that Redis 7.0
+    // neither unsubscribes us from nor (while the new primary does not yet
+    // count it in its shard) forwards SPUBLISH to, so a release published
+    // then is never heard there. The reconcile moves
     // such channels to the new primary, and on_resubscribed makes their
     // waiters try again (a release may have been missed). One CLUSTER SHARDS
     // per heartbeat per process, the way Redisson scans its topology.

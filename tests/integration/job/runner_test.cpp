@@ -892,6 +892,34 @@ TEST_F(RunnerTest, ADeferredKeyIsWrittenByARunThatOutlivedItsLockAlone) {
   EXPECT_GT(client->exec({"PTTL", "jobguard:idem:" + key}).integer, 0) << "kept for the store's retention";
 }
 
+// The one-call finish fails part-way (a script error: here a waiters key of
+// the wrong type, after its release has run): the deferred key was never
+// written, so the steps claim it then under our owner and complete it, and
+// the record follows — the run is completed, not lost.
+TEST_F(RunnerTest, ADeferredKeyIsClaimedByTheStepsWhenTheOneCallFinishFails) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  job::GuardedRunner runner(leases, moderate_class(), {.completions = &done, .idempotency = &idem});
+  warm(runner);
+  const std::string waiters = leases->service().keys().waiters_key("invoice:53");
+  std::string key;
+  auto r = runner.run({.id = "53", .run_id = "r"}, [&](job::JobContext& ctx) {
+    key = ctx.idempotency_key();
+    EXPECT_EQ(client->exec({"EXISTS", "jobguard:idem:" + key}).integer, 0) << "deferred";
+    client->exec({"SET", waiters, "not-a-zset"});
+    return std::string("ch_53");
+  });
+  client->exec({"DEL", waiters});
+  EXPECT_EQ(r.outcome, Outcome::completed) << r.detail;
+  auto rec = done.find(cls_name(), "invoice:53", "r");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->result, "ch_53");
+  auto b = idem.begin(key, "r", 1s);
+  EXPECT_EQ(b.status, guard::BeginStatus::completed);
+  EXPECT_EQ(b.result, "ch_53");
+  EXPECT_EQ(client->exec({"EXISTS", "jgt:lock:{invoice:53}"}).integer, 0) << "released";
+}
+
 // A fenced class through the one-call claim: the token is issued by the
 // grant inside it, above every earlier one, and the effect sees it.
 TEST_F(RunnerTest, OneCallClaimIssuesTheFenceTheEffectSees) {
