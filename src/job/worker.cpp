@@ -411,7 +411,8 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     try {
       switch (d.action) {
         case Action::ack:
-          co_await source.async_ack(job.id);
+          // With the other jobs acknowledged in this turn: one XACK.
+          co_await source.async_ack_gathered(job.id);
           applied = "acked";
           break;
         case Action::fail:

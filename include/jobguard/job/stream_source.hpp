@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -143,6 +145,14 @@ class StreamSource {
   // ensure_group() as a coroutine.
   boost::asio::awaitable<void> async_ensure_group();
   boost::asio::awaitable<bool> async_ack(std::string id);
+  // async_ack, gathered: the acks asked for on the client's loop in one turn
+  // leave as one XACK with every id (the stream worker's finished jobs: one
+  // command for a batch instead of one per job). A batch that fails is
+  // retried id by id through async_ack, which then reports its own error as
+  // it does alone; acknowledging an id twice is harmless.
+  // Call it on the client's loop thread only. Whether each id was still
+  // pending is not known per id in a batch, so nothing is returned.
+  boost::asio::awaitable<void> async_ack_gathered(std::string id);
   // Jobs delivered to `consumer` that it will not run after all (a stopping
   // worker's read-ahead): each stays pending with its delivery count, made
   // as idle as a stalled job's (XCLAIM ... IDLE claim_idle JUSTID), so the
@@ -169,6 +179,13 @@ class StreamSource {
   // Runs a coroutine on the client's loop and waits for it (not from the loop).
   template <class T>
   T block_on(boost::asio::awaitable<T> aw);
+  // async_ack_gathered's batch for this turn (loop thread only): ids, and
+  // whom to tell whether their XACK went through.
+  struct AckBatch {
+    std::vector<std::string> ids;
+    std::vector<std::function<void(bool)>> waiters;
+  };
+  std::shared_ptr<AckBatch> acks_;
   redis::Client& client_;
   StreamOptions opts_;
   std::mutex mu_;

@@ -5,8 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <chrono>
+#include <future>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -145,6 +150,67 @@ TEST_F(StreamSourceTest, JobThatKeepsStallingItsConsumersIsDeadLettered) {
   EXPECT_FALSE(src.reclaim("w3"));  // delivery 3 > max: dead-lettered instead
   EXPECT_EQ(src.pending_count(), 0);
   EXPECT_EQ(src.length(src.dead_letter_stream()), 1);
+}
+
+namespace {
+// async_ack_gathered for every id, all started in one turn of the client's
+// loop; waits for them all. Returns how many threw.
+int ack_gathered_in_one_turn(jobguard::redis::Client& c, StreamSource& src, const std::vector<std::string>& ids) {
+  auto left = std::make_shared<std::atomic<int>>(static_cast<int>(ids.size()));
+  auto threw = std::make_shared<std::atomic<int>>(0);
+  auto all = std::make_shared<std::promise<void>>();
+  boost::asio::post(c.context(), [&] {
+    for (const auto& id : ids)
+      boost::asio::co_spawn(c.get_executor(), src.async_ack_gathered(id), [left, threw, all](std::exception_ptr e) {
+        if (e) ++*threw;
+        if (left->fetch_sub(1) == 1) all->set_value();
+      });
+  });
+  all->get_future().wait();
+  return threw->load();
+}
+
+std::string xack_calls(const std::string& commandstats) {
+  const auto at = commandstats.find("cmdstat_xack:calls=");
+  if (at == std::string::npos) return "0";
+  const auto from = at + std::string("cmdstat_xack:calls=").size();
+  return commandstats.substr(from, commandstats.find(',', from) - from);
+}
+}  // namespace
+
+TEST_F(StreamSourceTest, AcksOfOneTurnLeaveAsOneXackThatAcknowledgesEveryJob) {
+  auto c = make_client();
+  StreamSource src(*c, opts(10s, 5));
+  src.ensure_group();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 20; ++i) {
+    src.add({{"n", std::to_string(i)}});
+    auto j = src.next("w");
+    ASSERT_TRUE(j);
+    ids.push_back(j->id);
+  }
+  ASSERT_EQ(src.pending_count(), 20);
+  ASSERT_EQ(admin("CONFIG RESETSTAT"), "OK");
+  EXPECT_EQ(ack_gathered_in_one_turn(*c, src, ids), 0);
+  EXPECT_EQ(xack_calls(admin("INFO commandstats")), "1");
+  EXPECT_EQ(src.pending_count(), 0);
+  for (const auto& id : ids) EXPECT_FALSE(src.ack(id)) << id << " was acknowledged already";
+}
+
+TEST_F(StreamSourceTest, AGatheredAckWhoseBatchFailsIsRetriedAloneAndReportsItsOwnError) {
+  auto c = make_client();
+  StreamSource src(*c, opts(10s, 5));
+  src.ensure_group();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(src.add({{"n", std::to_string(i)}}));
+  // The key is no stream any more: the batch's XACK fails, then each id is
+  // acknowledged alone and fails with the server's error, as an ack alone
+  // always did: three errors for three callers, none swallowed.
+  ASSERT_EQ(admin("DEL " + key("jobs")), "1");
+  ASSERT_EQ(admin("SET " + key("jobs") + " text"), "OK");
+  ASSERT_EQ(admin("CONFIG RESETSTAT"), "OK");
+  EXPECT_EQ(ack_gathered_in_one_turn(*c, src, ids), 3);
+  EXPECT_EQ(xack_calls(admin("INFO commandstats")), "4") << "one batch, then each id alone";
 }
 
 TEST_F(StreamSourceTest, BadOptionsAreRejectedWithTheirName) {
