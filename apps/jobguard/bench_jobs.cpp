@@ -45,8 +45,14 @@ void enqueue(redis::Client& c, const std::string& stream, int count, const std::
   }
 }
 
-nlohmann::json phase(int concurrency, int jobs, double secs, std::vector<float> lat_us, std::int64_t errors) {
+// `server_s`: the server's CPU seconds during the phase (INFO cpu before and
+// after): on a host where the server is the limit, its time per job is the
+// steadier figure when other work on the machine moves jobs/s.
+nlohmann::json phase(int concurrency, int jobs, double secs, std::vector<float> lat_us, std::int64_t errors,
+                     double server_s) {
   return {{"concurrency", concurrency},
+          {"server_cpu_s", server_s},
+          {"server_us_per_job", jobs > 0 ? server_s * 1e6 / jobs : 0.0},
           {"jobs", jobs},
           {"seconds", secs},
           {"jobs_per_s", secs > 0 ? jobs / secs : 0.0},
@@ -105,6 +111,8 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
   job::GuardedRunner runner(leases, cls, {.completions = &done, .idempotency = &idem});
   job::AsyncJobEffect noop = [](job::WorkItem&) -> asio::awaitable<std::string> { co_return std::string(); };
 
+  // Every primary of a cluster: the server CPU per job is the whole cluster's.
+  const auto nodes = client.primaries();
   nlohmann::json guarded = nlohmann::json::array(), bare_runs = nlohmann::json::array();
   for (int c : cfg.concurrency) {
     // Guarded: the stream worker, lock + idempotency key + completion record per job.
@@ -120,10 +128,11 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
       lat.push_back(static_cast<float>(static_cast<double>(now_ns() - enqueued_at(*r.job)) / 1000.0));
     };
     job::StreamWorker worker(client, so, runner, noop, wo);
+    const double g0 = server_cpu_seconds(client, nodes);
     const auto t0 = Clock::now();
     worker.run();
     const double secs = duration<double>(Clock::now() - t0).count();
-    guarded.push_back(phase(c, cfg.jobs, secs, std::move(lat), errors));
+    guarded.push_back(phase(c, cfg.jobs, secs, std::move(lat), errors, server_cpu_seconds(client, nodes) - g0));
 
     // Bare: the same number of jobs through XREADGROUP + XACK.
     const std::string bare_stream = fmt::format("bench:{}:bare:{}", tag, c);
@@ -131,10 +140,11 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
     enqueue(client, bare_stream, cfg.jobs, "b");
     std::vector<float> blat;
     blat.reserve(static_cast<std::size_t>(cfg.jobs));
+    const double bs0 = server_cpu_seconds(client, nodes);
     const auto b0 = Clock::now();
     bare(client, bare_stream, c, cfg.jobs, blat);
     const double bsecs = duration<double>(Clock::now() - b0).count();
-    bare_runs.push_back(phase(c, cfg.jobs, bsecs, std::move(blat), 0));
+    bare_runs.push_back(phase(c, cfg.jobs, bsecs, std::move(blat), 0, server_cpu_seconds(client, nodes) - bs0));
     client.exec(redis::Command{"DEL", so.stream, bare_stream});
   }
   // The run the acceptance names: the highest concurrency's.

@@ -136,7 +136,14 @@ TEST_F(BenchCli, JobsJsonHasTheGuardedAndBareRunsAtEachConcurrency) {
     EXPECT_EQ(j[run]["concurrency"].get<int>(), 8) << run << ": the last concurrency is the headline";
     EXPECT_EQ(j[run]["jobs"].get<int>(), 300) << run;
     EXPECT_LE(j[run]["enqueue_to_ack_p50_ms"].get<double>(), j[run]["enqueue_to_ack_p99_ms"].get<double>()) << run;
+    // The server's CPU during the phase, and per job.
+    const double server_s = j[run]["server_cpu_s"].get<double>();
+    EXPECT_GE(server_s, 0) << run;
+    EXPECT_NEAR(j[run]["server_us_per_job"].get<double>(), server_s * 1e6 / 300, 1e-6) << run;
   }
+  // 300 guarded jobs cost the server tens of milliseconds: more than the
+  // kernel's accounting tick, so never zero.
+  EXPECT_GT(j["guarded"]["server_cpu_s"].get<double>(), 0);
   ASSERT_EQ(j["runs"].size(), 2u);
   EXPECT_EQ(j["runs"][0]["concurrency"].get<int>(), 1);
   // Every guarded job was acknowledged: none errored, none left behind.
