@@ -24,7 +24,10 @@ using Done = std::function<void(std::exception_ptr, T)>;
 // `start(done)` begins the operation; `done(error, value)` may run on any
 // thread, and the coroutine resumes on its own executor. A completion that
 // comes while `start` is still running is posted, not run inline: resuming a
-// coroutine inside its own co_await is not allowed.
+// coroutine inside its own co_await is not allowed. An exception `start`
+// throws (bad input it checks on the caller's thread) comes back to the
+// coroutine as the operation's error: thrown out of the initiation, Asio
+// would rethrow it from the event loop's run(), ending the process.
 template <class T, class Start>
 boost::asio::awaitable<T> await_done(Start start) {
   namespace asio = boost::asio;
@@ -36,13 +39,20 @@ boost::asio::awaitable<T> await_done(Start start) {
           explicit Shared(H&& handler_in) : h(std::move(handler_in)) {}
           H h;
           std::atomic<bool> starting{true};
+          std::atomic<bool> fired{false};  // the handler is called once: by done, or by a throw from start
         };
         auto sh = std::make_shared<Shared>(std::move(handler));
-        start(Done<T>([sh, ex](std::exception_ptr e, T v) mutable {
-          auto resume = [sh, e, v = std::move(v)]() mutable { std::move(sh->h)(e, std::move(v)); };
-          if (sh->starting.load(std::memory_order_acquire)) asio::post(ex, std::move(resume));
-          else asio::dispatch(ex, std::move(resume));
-        }));
+        try {
+          start(Done<T>([sh, ex](std::exception_ptr e, T v) mutable {
+            if (sh->fired.exchange(true)) return;
+            auto resume = [sh, e, v = std::move(v)]() mutable { std::move(sh->h)(e, std::move(v)); };
+            if (sh->starting.load(std::memory_order_acquire)) asio::post(ex, std::move(resume));
+            else asio::dispatch(ex, std::move(resume));
+          }));
+        } catch (...) {
+          if (!sh->fired.exchange(true))
+            asio::post(ex, [sh, e = std::current_exception()]() mutable { std::move(sh->h)(e, T{}); });
+        }
         sh->starting.store(false, std::memory_order_release);
       },
       asio::use_awaitable);

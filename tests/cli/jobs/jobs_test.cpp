@@ -163,6 +163,25 @@ TEST_F(JobsCli, WorkUsageErrorsAre64NamingTheProblem) {
   }
 }
 
+// A class TTL the URL's max_ttl refuses: every acquire would refuse it, so
+// the worker refuses to start, before it reads a job. (It used to abort the
+// process from its event loop: an exception thrown inside an awaited
+// operation's start escaped to io_context::run.)
+TEST_F(JobsCli, WorkWithATtlAboveTheMaxTtlIs64BeforeAnyJobIsTaken) {
+  add({"id=1"});
+  Subprocess p({jobguard_binary(), "--redis", url() + "?max_ttl=2s", "jobs", "work", "--stream", stream_, "--class",
+                "t", "--ttl", "5s", "--max-jobs", "1", "--", "true"});
+  const auto r = p.wait_or_kill(60s);
+  EXPECT_EQ(r.status, 64) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("ttl 5000 ms is above the max TTL 2000 ms"), std::string::npos) << r.err;
+  // The job was not taken: nothing pending, nothing dead-lettered.
+  const auto ls = jobs_json("ls", {"--stream", stream_});
+  EXPECT_EQ(ls.at("length").get<int>(), 1) << ls.dump();
+  EXPECT_EQ(ls.at("pending").get<int>(), 0) << ls.dump();
+  EXPECT_EQ(ls.at("dead_letter_length").get<int>(), 0) << ls.dump();
+}
+
 TEST_F(JobsCli, UnreachableRedisIs69) {
   const auto marker = file("ran");
   server->stop();

@@ -562,6 +562,10 @@ TEST_F(RunnerTest, DeclarationsThatBreakTheDecisionMatrixAreRefused) {
   auto lr = low_class();
   lr.long_running = true;
   expect_refused(lr, {.completions = &done}, "hard_timeout");
+  // Every acquire would refuse it: refused once, here, not at each job.
+  auto too_long = low_class();
+  too_long.ttl = leases->service().max_ttl() + std::chrono::seconds(1);
+  expect_refused(too_long, {.completions = &done}, "is above the max TTL");
 
   job::GuardedRunner ok(leases, low_class(), {.completions = &done});
   auto bad_unit = [&](job::Unit u, const std::string& needle) {
