@@ -1,7 +1,6 @@
 #include "jobguard/job/stream_source.hpp"
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
@@ -11,6 +10,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "job/awaiting.hpp"
 
 namespace jobguard::job {
 
@@ -205,32 +205,26 @@ awaitable<bool> StreamSource::async_ack(std::string id) {
 }
 
 awaitable<void> StreamSource::async_ack_gathered(std::string id) {
-  const bool sent = co_await asio::async_initiate<decltype(use_awaitable), void(bool)>(
-      [this, &id](auto handler) {
-        auto h = std::make_shared<decltype(handler)>(std::move(handler));
-        if (!acks_) {
-          acks_ = std::make_shared<AckBatch>();
-          // Posted: the other jobs finishing in this turn join the batch first.
-          asio::post(client_.get_executor(), [this, b = acks_] {
-            if (acks_ == b) acks_.reset();
-            std::vector<std::string> args{"XACK", opts_.stream, opts_.group};
-            args.insert(args.end(), b->ids.begin(), b->ids.end());
-            Command xack(args);
-            client_.async_exec(
-                std::move(xack),
-                [b](std::error_code ec, Reply) {
-                  for (auto& w : b->waiters) w(!ec);
-                },
-                CallOptions{opts_.call_timeout});
-          });
-        }
-        acks_->ids.push_back(id);  // a copy: a failed batch acks it alone below
-        acks_->waiters.push_back([h](bool ok) {
-          auto ex = asio::get_associated_executor(*h);
-          asio::dispatch(ex, [h, ok]() mutable { std::move(*h)(ok); });
-        });
-      },
-      use_awaitable);
+  const bool sent = co_await detail::await_done<bool>([this, &id](detail::Done<bool> done) {
+    if (!acks_) {
+      acks_ = std::make_shared<AckBatch>();
+      // Posted: the other jobs finishing in this turn join the batch first.
+      asio::post(client_.get_executor(), [this, b = acks_] {
+        if (acks_ == b) acks_.reset();
+        std::vector<std::string> args{"XACK", opts_.stream, opts_.group};
+        args.insert(args.end(), b->ids.begin(), b->ids.end());
+        Command xack(args);
+        client_.async_exec(
+            std::move(xack),
+            [b](std::error_code ec, Reply) {
+              for (auto& w : b->waiters) w(!ec);
+            },
+            CallOptions{opts_.call_timeout});
+      });
+    }
+    acks_->ids.push_back(id);  // a copy: a failed batch acks it alone below
+    acks_->waiters.push_back([done = std::move(done)](bool ok) mutable { done(nullptr, ok); });
+  });
   // The batch failed (an outage, its deadline, a key that is no stream):
   // this id alone, the way an ack always went, so its error is its own.
   if (!sent) co_await async_ack(std::move(id));
