@@ -64,6 +64,32 @@ std::string redis_command_at(const std::string& host, std::uint16_t port, const 
   return out;
 }
 
+bool RedisTest::pause_clients(std::chrono::milliseconds d) const {
+  redis::Client probe(options());
+  if (!probe.wait_connected(std::chrono::milliseconds(2000))) {
+    ADD_FAILURE() << "pause_clients: no connection to " << server->host() << ":" << server->port();
+    return false;
+  }
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const std::string ok = admin("CLIENT PAUSE " + std::to_string(d.count()) + " ALL");
+    if (ok != "OK") {
+      ADD_FAILURE() << "CLIENT PAUSE answered " << ok;
+      return false;
+    }
+    redis::CallOptions co;
+    co.timeout = std::chrono::milliseconds(100);
+    try {
+      probe.exec(redis::Command{"PING"}, co);
+    } catch (const Error& e) {
+      if (e.code() == errc::timeout) return true;  // paused
+      ADD_FAILURE() << "pause_clients: the probe failed: " << e.what();
+      return false;
+    }
+  }
+  ADD_FAILURE() << "CLIENT PAUSE " << d.count() << " ALL did not hold three times in a row";
+  return false;
+}
+
 std::string RedisTest::admin(const std::string& command) const {
   return redis_command_at(server->host(), server->port(), command);
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +30,13 @@ class RedisTest : public ::testing::Test {
   std::string key(const std::string& suffix) const;
   // Runs a command on a separate admin connection (hiredis sync, 2 s timeout).
   std::string admin(const std::string& command) const;
+
+  // CLIENT PAUSE <d> ALL, proved to hold before it returns: a probe on a
+  // client of its own times out. The server ends a pause by its wall clock,
+  // which can move seconds at once on a VM (a CI run saw a 2.5 s pause answer
+  // every call within 0.4 s), so a pause that did not hold is asked for again,
+  // up to three times; false (with a test failure) if none held.
+  bool pause_clients(std::chrono::milliseconds d) const;
 
   // Records the fresh server as having kept its lock state (jobguard's
   // explicit opt-out of the data-loss quarantine, trust_new_server), so a

@@ -72,7 +72,7 @@ TEST_F(LeaseTest, ALeaseTakenOverBySomeoneElseIsLost) {
 TEST_F(LeaseTest, RedisPausedPastTheTtlLosesTheLease) {
   auto lease = sched->acquire(resource("pause"), LockOptions{.ttl = 500ms});
   ASSERT_TRUE(lease);
-  admin("CLIENT PAUSE 1500 ALL");
+  ASSERT_TRUE(pause_clients(1500ms));
   ASSERT_TRUE(eventually([&] { return lease->lost(); }, 3s));
   EXPECT_EQ(lease->state(), LeaseState::expired) << lease->reason();
 }
