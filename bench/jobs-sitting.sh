@@ -5,8 +5,9 @@
 # --concurrency C` pinned to core 1, the binaries alternating, N rounds. Before
 # each run the server is emptied (FLUSHALL: the keyspace's size moves the
 # figure, docs/bench.md) and its lock state trusted, its counters reset.
-# Prints one JSON object a line: the binary, the bench's JSON, and the
-# server's INFO commandstats for that run (calls and usec per command, the
+# Prints one JSON object a line: the binary, the server's CPU seconds for the
+# whole run (INFO cpu), the bench's JSON, and the server's INFO commandstats
+# for that run (calls and usec per command, the
 # commands scripts call counted too: where the server's time goes).
 # The server is stopped on exit.
 set -euo pipefail
@@ -34,11 +35,17 @@ for round in $(seq "$runs"); do
     redis-cli -p "$port" FLUSHALL >/dev/null
     redis-cli -p "$port" EVAL "$(cat "$root/src/lock/scripts/epoch.lua")" 1 jobguard:epoch 60000 trust >/dev/null
     redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+    cpu0=$(redis-cli -p "$port" INFO cpu)
     out=$(taskset -c 1 "$b" --redis "redis://127.0.0.1:$port/0" --json bench --jobs "$jobs" --concurrency "$concurrency")
+    cpu1=$(redis-cli -p "$port" INFO cpu)
     stats=$(redis-cli -p "$port" INFO commandstats)
-    python3 - "$b" "$round" "$out" "$stats" <<'PY'
+    python3 - "$b" "$round" "$out" "$stats" "$cpu0" "$cpu1" <<'PY'
 import json, sys
 b, rnd, out, stats = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+def cpu(info):
+    return sum(float(l.split(":")[1]) for l in info.splitlines() if l.startswith(("used_cpu_sys:", "used_cpu_user:")))
+# The whole run: enqueueing, the guarded phase and the bare phase.
+server_cpu_s = cpu(sys.argv[6]) - cpu(sys.argv[5])
 cmds = {}
 for line in stats.splitlines():
     if not line.startswith("cmdstat_"):
@@ -46,7 +53,7 @@ for line in stats.splitlines():
     name, fields = line[len("cmdstat_"):].split(":", 1)
     kv = dict(f.split("=") for f in fields.split(","))
     cmds[name] = {"calls": int(kv["calls"]), "usec": int(kv["usec"])}
-print(json.dumps({"binary": b, "round": rnd, "bench": out, "commandstats": cmds}))
+print(json.dumps({"binary": b, "round": rnd, "server_cpu_s": server_cpu_s, "bench": out, "commandstats": cmds}))
 PY
   done
 done
