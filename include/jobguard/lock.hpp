@@ -381,6 +381,11 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Internal, for src/lock: the lock-state gate (lock/quarantine.hpp).
   const std::shared_ptr<void>& gate() const noexcept { return gate_; }
   std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }
+  // The checks every acquire makes of its options before it sends anything:
+  // throws Error(invalid_argument) naming what is wrong (a TTL below 10 ms or
+  // above max_ttl(), a negative wait). For callers that take options once and
+  // acquire with them many times (job::GuardedRunner): refused when given.
+  void check_options(const LockOptions& opts) const;
   // Internal, for src/lock: a class's metrics in this service's registry.
   // The client's event-loop thread only (it remembers the last class).
   observe::LockClassMetrics& class_metrics(const std::string& lock_class) const;

@@ -174,12 +174,17 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
     return Error(errc::invalid_argument, fmt::format("lock class '{}': {}", cls_.name, what));
   };
   if (!leases_) throw bad("the runner needs a LeaseScheduler");
-  // Here, not at the first job: every acquire of this class would refuse
-  // the TTL, and a worker would turn each of its jobs into that error.
-  if (cls_.ttl > leases_->service().max_ttl())
-    throw bad(fmt::format("ttl {} ms is above the max TTL {} ms (the `max_ttl` URL option / "
-                          "QuarantineOptions::max_ttl): a quarantine after lost lock state would not cover its leases",
-                          cls_.ttl.count(), leases_->service().max_ttl().count()));
+  // The acquire's own checks, here, not at the first job: every acquire of
+  // this class would refuse them, and a worker would turn each of its jobs
+  // into that error.
+  try {
+    LockOptions lo;
+    lo.ttl = cls_.ttl;
+    lo.wait = cls_.wait;
+    leases_->service().check_options(lo);
+  } catch (const Error& e) {
+    throw bad(std::string(e.detail()));
+  }
   if (cls_.consequence == Consequence::high) {
     // The decision matrix's high row: the durable guard lives where the
     // durable state does. Redis alone (lost on a restart or a failover)

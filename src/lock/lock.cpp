@@ -814,9 +814,7 @@ Lock LockService::make_lock(std::string resource, std::string key, std::string t
   return l;
 }
 
-void LockService::async_acquire(std::string resource, LockOptions opts, AcquireHandler done) {
-  // Validate on the caller's thread so bad input throws where it was written.
-  KeyBuilder::validate_resource(resource);
+void LockService::check_options(const LockOptions& opts) const {
   if (opts.ttl < std::chrono::milliseconds(10))
     throw Error(errc::invalid_argument, fmt::format("lock ttl {} ms is below the 10 ms minimum", opts.ttl.count()));
   if (opts.wait.count() < 0) throw Error(errc::invalid_argument, "negative wait");
@@ -826,6 +824,12 @@ void LockService::async_acquire(std::string resource, LockOptions opts, AcquireH
                 fmt::format("lock ttl {} ms is above the max TTL {} ms (the `max_ttl` URL option / "
                             "QuarantineOptions::max_ttl): a quarantine after lost lock state would not cover it",
                             opts.ttl.count(), max_ttl_.count()));
+}
+
+void LockService::async_acquire(std::string resource, LockOptions opts, AcquireHandler done) {
+  // Validate on the caller's thread so bad input throws where it was written.
+  KeyBuilder::validate_resource(resource);
+  check_options(opts);
   // Try-once on a client known to be down: the answer is known now, and
   // waiting out the command timeout for it helps nobody (a caller that
   // wants to ride out a reconnect passes a wait). Answered from the loop,
