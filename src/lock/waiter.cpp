@@ -42,6 +42,16 @@ WaiterMachine::ms WaiterMachine::backoff() {
 Actions WaiterMachine::start(time_point now) {
   if (phase_ != Phase::idle) return {};
   deadline_ = now + c_.wait;
+  if (!c_.fair && c_.wait.count() > 0 && yield_until_ > now && yield_until_ < deadline_) {
+    // Not subscribed yet, so nothing but this timer (or a cancel) ends the
+    // yield: the first attempt is then made as if the wait began now.
+    phase_ = Phase::sleeping;
+    Actions a;
+    Action t = act(Action::arm_timer);
+    t.at = yield_until_;
+    a.push(t);
+    return a;
+  }
   return attempt();
 }
 

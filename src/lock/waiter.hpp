@@ -126,6 +126,12 @@ class WaiterMachine {
   // faster would let it take the lock from the woken waiter ahead of it.
   void in_line() noexcept { in_line_ = true; }
 
+  // Before start: a default-mode wait holds its first attempt until `t` (a
+  // release of ours just woke another waiter; LockService::Impl::yield_until
+  // says why). Ignored by a fair or try-once acquire, and when `t` is not
+  // before the wait's deadline.
+  void yield_until(time_point t) noexcept { yield_until_ = t; }
+
   bool done() const noexcept { return phase_ == Phase::done; }
   // An attempt found the lock busy (metrics: contended acquires).
   bool saw_busy() const noexcept { return saw_busy_; }
@@ -155,7 +161,7 @@ class WaiterMachine {
   Config c_;
   std::uint64_t rng_ = 0;
   Phase phase_ = Phase::idle;
-  time_point deadline_{}, sent_at_{}, last_busy_sent_{};
+  time_point deadline_{}, sent_at_{}, last_busy_sent_{}, yield_until_{};
   int tries_ = 0;
   bool in_line_ = false;
   // A grant message arrived while the attempt in flight was on the wire: that

@@ -64,14 +64,15 @@ std::string redis_command_at(const std::string& host, std::uint16_t port, const 
   return out;
 }
 
-bool RedisTest::pause_clients(std::chrono::milliseconds d) const {
-  redis::Client probe(options());
+bool pause_clients_at(const redis::ConnectionOptions& probe_options, const std::string& host, std::uint16_t port,
+                      std::chrono::milliseconds d) {
+  redis::Client probe(probe_options);
   if (!probe.wait_connected(std::chrono::milliseconds(2000))) {
-    ADD_FAILURE() << "pause_clients: no connection to " << server->host() << ":" << server->port();
+    ADD_FAILURE() << "pause_clients: no connection to " << host << ":" << port;
     return false;
   }
   for (int attempt = 1; attempt <= 3; ++attempt) {
-    const std::string ok = admin("CLIENT PAUSE " + std::to_string(d.count()) + " ALL");
+    const std::string ok = redis_command_at(host, port, "CLIENT PAUSE " + std::to_string(d.count()) + " ALL");
     if (ok != "OK") {
       ADD_FAILURE() << "CLIENT PAUSE answered " << ok;
       return false;
@@ -88,6 +89,10 @@ bool RedisTest::pause_clients(std::chrono::milliseconds d) const {
   }
   ADD_FAILURE() << "CLIENT PAUSE " << d.count() << " ALL did not hold three times in a row";
   return false;
+}
+
+bool RedisTest::pause_clients(std::chrono::milliseconds d) const {
+  return pause_clients_at(options(), server->host(), server->port(), d);
 }
 
 std::string RedisTest::admin(const std::string& command) const {

@@ -54,6 +54,11 @@ class RedisTest : public ::testing::Test {
 // cannot connect. For servers a test runs besides its own (a replica).
 std::string redis_command_at(const std::string& host, std::uint16_t port, const std::string& command);
 
+// RedisTest::pause_clients for any server: `probe` connects to host:port
+// (the caller's options, so TLS or a password carry over).
+bool pause_clients_at(const redis::ConnectionOptions& probe, const std::string& host, std::uint16_t port,
+                      std::chrono::milliseconds d);
+
 // Waits up to `timeout` for `pred` to hold, polling every 2 ms.
 template <class Pred>
 bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {

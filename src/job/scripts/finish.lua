@@ -26,7 +26,8 @@ local now = string.format('%d', now_ms)
 if ARGV[9] == 'deferred' then
   -- The key is written once, here, by the first run of the unit to finish;
   -- the script runs alone, so the order of the steps below is free.
-  local rel = release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]})
+  -- 0 or 1: release.lua's 2 (a waiter woken) is the lock's own business.
+  local rel = math.min(release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]}), 1)
   local k = redis.call('HMGET', KEYS[4], 'state', 'owner')
   local record_absent = ''
   if not k[1] then
@@ -61,4 +62,4 @@ if KEYS[4] then
   if c[1] ~= 1 then return {0, c} end
 end
 local rec = record({KEYS[1]}, {ARGV[3], ARGV[4], ARGV[5], now})
-return {1, rec[1], release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]})}
+return {1, rec[1], math.min(release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]}), 1)}

@@ -5,6 +5,9 @@
 -- ARGV: 1 token, 2 release channel; for a fair lock also 3 the resource;
 --       4 '1' on a Redis Cluster: SPUBLISH (sharded; the channels share the
 --         lock's hash tag, so they live on this shard), else PUBLISH.
+-- Returns 0 when the lock was not ours, 1 when released, 2 when released
+-- and a default-mode waiter was woken by name (the releasing service then
+-- gives that waiter a head start before its own next wait: lock.cpp).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
 
@@ -54,7 +57,10 @@ if KEYS[2] and not KEYS[4] then
   -- listener takes it for the herd message below. An entry whose waiter has
   -- died wakes nobody: the next waiter's own backoff takes the lock.
   local w = redis.call('ZPOPMIN', KEYS[2])
-  if w[1] then redis.call(publish, ARGV[2], 'wake ' .. w[1]) end
+  if w[1] then
+    redis.call(publish, ARGV[2], 'wake ' .. w[1])
+    return 2
+  end
   return 1
 end
 -- Wake every plain waiter now instead of at their next backoff (the call

@@ -341,6 +341,65 @@ TEST(WaiterMachine, APlainWaiterInLinePollsLikeAQueuedFairWaiterAndIsWokenAtOnce
   }
 }
 
+// --- the releaser's yield (default mode) -------------------------------------------
+
+TEST(WaiterMachine, AWaitAfterOurReleaseWokeAWaiterHoldsItsFirstAttemptUntilTheYieldEnds) {
+  WaiterMachine m = machine(plain(), 1);
+  m.yield_until(t0 + 1ms);
+  const auto a = m.start(t0);
+  ASSERT_EQ(kinds(a), V{"arm_timer"});
+  EXPECT_EQ(a[0].at, t0 + 1ms);
+  EXPECT_FALSE(m.attempt_in_flight());
+  // Not listening yet (no subscribe was asked for): the timer ends the
+  // yield, then it asks as usual.
+  EXPECT_EQ(kinds(m.timer_fired(t0 + 1ms)), V{"send_attempt"});
+  m.sent(t0 + 1ms);
+  // The TTL counts from the attempt, not from the start of the yield.
+  expect_granted(m.reply(t0 + 2ms, Reply::granted), t0 + 1ms, std::nullopt);
+}
+
+TEST(WaiterMachine, AYieldEndedByTheWokenWaitersGrantLeadsIntoTheLineAsUsual) {
+  WaiterMachine m = machine(plain(), 1);
+  m.yield_until(t0 + 1ms);
+  m.start(t0);
+  ASSERT_EQ(kinds(m.timer_fired(t0 + 1ms)), V{"send_attempt"});
+  m.sent(t0 + 1ms);
+  EXPECT_EQ(kinds(m.reply(t0 + 2ms, Reply::busy)), V{"subscribe"});
+}
+
+TEST(WaiterMachine, TryOnceFairAndPastDeadlineYieldsAreIgnored) {
+  {
+    WaiterMachine m = machine(plain(0ms), 1);
+    m.yield_until(t0 + 1ms);
+    EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
+  }
+  {
+    WaiterMachine m = machine(fair(), 1);
+    m.yield_until(t0 + 1ms);
+    EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
+  }
+  {
+    WaiterMachine m = machine(plain(2ms), 1);
+    m.yield_until(t0 + 3ms);  // would outlast the wait
+    EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
+  }
+  {
+    WaiterMachine m = machine(plain(), 1);
+    m.yield_until(t0);  // already over
+    EXPECT_EQ(kinds(m.start(t0)), V{"send_attempt"});
+  }
+}
+
+TEST(WaiterMachine, CancelDuringTheYieldEndsAtOnceWithoutAnAttempt) {
+  WaiterMachine m = machine(plain(), 1);
+  m.yield_until(t0 + 1ms);
+  m.start(t0);
+  const auto a = m.cancel(t0 + 500us);
+  EXPECT_EQ(kinds(a), (V{"cancel_timer", "complete"}));
+  EXPECT_EQ(last(a).result, Result::cancelled);
+  EXPECT_TRUE(m.timer_fired(t0 + 1ms).empty());
+}
+
 TEST(WaiterMachine, FairReleaseHandsTheLockToTheQueueHeadWithTheTtlFromItsLastBusyAttempt) {
   // FairReleaseHandsTheLockToTheQueueHead / FairGrantCarriesAFreshFence: the
   // grant ran after our last busy attempt was sent, so that send time is a
