@@ -204,11 +204,16 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   // acquire beats the woken waiter's — measured at 6-11 % of handoffs on a
   // slow host, each one sending the woken waiter to the back of its wait and
   // stretching the tail of every worker's wait. So our next waiting acquire
-  // of that resource holds its first attempt until the instant here: three
-  // of the release's round trips (1-5 ms), more than the woken waiter needs
-  // to hear the wake and send its own attempt. It then asks as usual, so a
-  // woken waiter that died costs the loop that little and no more; a live
-  // one costs it nothing, as it would find the lock taken anyway. Try-once
+  // of that resource holds its first attempt until the instant here: one of
+  // the release's round trips from its reply (at least 200 us, at most 5 ms).
+  // The wake left the server with our reply, so by then the woken waiter's
+  // attempt has normally landed, and we join the line behind it. Longer is
+  // worse: a yield that outlasts the woken waiter's hold lands in the next
+  // handoff's gap and takes the lock from the next woken waiter (measured:
+  // three round trips, at least 1 ms, raised the p99 wait above no yield at
+  // all with a 1 ms hold; docs/bench.md). It then asks as usual, so a woken
+  // waiter that died costs the loop that little and no more; a live one
+  // costs it nothing, as it would find the lock taken anyway. Try-once
   // acquires never wait for it: their caller wants an answer now.
   // Resource -> until; entries last a few ms and are swept on insert.
   std::unordered_map<std::string, MonotonicClock::time_point> yield_until;  // loop thread only
@@ -216,7 +221,7 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   void woke_waiter(const std::string& resource, MonotonicClock::time_point sent, MonotonicClock::time_point replied) {
     using std::chrono::microseconds;
     const auto rtt = std::chrono::duration_cast<microseconds>(replied - sent);
-    const auto y = std::clamp(rtt * 3, microseconds(kYieldMinUs), microseconds(kYieldMaxUs));
+    const auto y = std::clamp(rtt, microseconds(kYieldMinUs), microseconds(kYieldMaxUs));
     if (yield_until.size() >= 64) std::erase_if(yield_until, [&](const auto& e) { return e.second <= replied; });
     yield_until[resource] = replied + y;
   }
@@ -231,7 +236,7 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
     if (until <= now) return std::nullopt;
     return until;
   }
-  static constexpr long kYieldMinUs = 1000, kYieldMaxUs = 5000;
+  static constexpr long kYieldMinUs = 200, kYieldMaxUs = 5000;
 
   std::string last_class;                                  // LockService::class_metrics; loop thread only
   observe::LockClassMetrics* last_metrics = nullptr;
