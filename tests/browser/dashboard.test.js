@@ -335,7 +335,10 @@ async function main() {
   const seed = [];
   for (let i = 0; i < 14; ++i) {
     const res = i < 8 ? `dash:${48290 + i}` : `tenant:${i}:sync`;
-    seed.push(['SET', `jobguard:lock:{${res}}`, `worker-${i % 4}/${4100 + i}/job-${i}#${'0'.repeat(32)}`, 'PX', 4000 + i * 1200]);
+    // Long enough to outlive the filter steps below on a loaded machine: with
+    // 4 s the first ones expired before 'all locks again' under a parallel
+    // ctest and a build, and the step timed out.
+    seed.push(['SET', `jobguard:lock:{${res}}`, `worker-${i % 4}/${4100 + i}/job-${i}#${'0'.repeat(32)}`, 'PX', 60000 + i * 1200]);
     seed.push(['SET', `jobguard:fence:{${res}}`, String((now - i * 900) * 1000)]);
   }
   await Promise.all(redis.sendMany(seed));
