@@ -60,6 +60,10 @@ for g, b, bm in zip(jg["runs"], jg["bare_runs"], bull["runs"]):
     c = g["concurrency"]
     ratios[f"concurrency_{c}"] = {"guarded_vs_bullmq": g["jobs_per_s"] / bm["jobs_per_s"],
                                   "guarded_vs_bare": g["jobs_per_s"] / b["jobs_per_s"]}
+    # The server's CPU per job, BullMQ's over guarded: what jobs/s come to
+    # when the server is the bottleneck, without the run-to-run noise.
+    if g.get("server_us_per_job") and bm.get("server_us_per_job"):
+        ratios[f"concurrency_{c}"]["bullmq_vs_guarded_server_us_per_job"] = bm["server_us_per_job"] / g["server_us_per_job"]
 print(json.dumps({"jobguard": jg, "bullmq": bull, "ratios": ratios}, indent=1))
 PY
   exit 0

@@ -26,6 +26,14 @@ async function run(url, jobs, concurrency) {
     for (let i = 0; i < 1000 && done < jobs; ++i, ++done) batch.push({ name: 'noop', data: { id: done, t: nowUs() } });
     await queue.addBulk(batch);
   }
+  // The server's own CPU over the worker phase (INFO cpu, as `jobguard bench
+  // --jobs` reads it): on a server-bound run, jobs/s follow its cost per job.
+  const serverCpu = async () => {
+    const info = await connection.info('cpu');
+    const field = (k) => Number((info.match(new RegExp(`^${k}:([0-9.]+)`, 'm')) || [0, 'NaN'])[1]);
+    return field('used_cpu_sys') + field('used_cpu_user');
+  };
+  const cpu0 = await serverCpu();
   const latencies = [];
   let finished = 0;
   let resolveAll;
@@ -43,6 +51,7 @@ async function run(url, jobs, concurrency) {
   });
   await all;
   const secs = (nowUs() - t0) / 1e6;
+  const serverCpuS = (await serverCpu()) - cpu0;
   await worker.close();
   await queue.obliterate({ force: true });
   await queue.close();
@@ -56,6 +65,8 @@ async function run(url, jobs, concurrency) {
     jobs_per_s: round(jobs / secs, 1),
     enqueue_to_done_p50_ms: round(percentile(latencies, 50) / 1000, 2),
     enqueue_to_done_p99_ms: round(percentile(latencies, 99) / 1000, 2),
+    server_cpu_s: round(serverCpuS, 3),
+    server_us_per_job: round((serverCpuS * 1e6) / jobs, 2),
   };
 }
 
@@ -78,7 +89,8 @@ async function main() {
   if (opt.json) process.stdout.write(JSON.stringify(out) + '\n');
   else for (const r of runs)
     process.stdout.write(`bullmq ${bullmq} concurrency ${r.concurrency}: ${r.jobs_per_s} jobs/s, ` +
-                         `enqueue->done p50 ${r.enqueue_to_done_p50_ms} ms p99 ${r.enqueue_to_done_p99_ms} ms\n`);
+                         `enqueue->done p50 ${r.enqueue_to_done_p50_ms} ms p99 ${r.enqueue_to_done_p99_ms} ms, ` +
+                         `server ${r.server_us_per_job} us/job\n`);
 }
 
 main().catch((e) => {
