@@ -932,8 +932,8 @@ std::optional<Lock> LockService::acquire(std::string_view resource, const LockOp
 void LockService::async_release(const std::string& resource, const std::string& token,
                                 ReleaseHandler done, bool fair) {
   if (fair) return release_lock(client_, keys_, resource, token, std::move(done), true);
-  // The service may be gone when the reply comes (a Lock outlives nothing,
-  // but a release sent by a dying Lock does): the Impl is held weakly.
+  // The reply may come after the service is gone (a Lock released as its
+  // last owner drops it): the Impl is held weakly.
   release_lock(client_, keys_, resource, token, std::move(done), false,
                [impl = std::weak_ptr<Impl>(impl_), resource, sent = clock_->now()]() {
                  if (auto im = impl.lock()) im->woke_waiter(resource, sent, im->clock.now());
