@@ -72,6 +72,18 @@ Runner::Runner(const redis::ConnectionOptions& opts, Config cfg) : cfg_(cfg) {
     auto guard = asio::make_work_guard(ctx_);
     ctx_.run();
   });
+  // A throw from here on (a cluster that answers CLUSTERDOWN to the script
+  // load, say) skips ~Runner: the loop thread must be stopped and joined
+  // here, or its std::thread dies joinable and the process aborts.
+  try {
+    setup(opts);
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+void Runner::setup(const redis::ConnectionOptions& opts) {
   locks_ = LockService::create(*client_);
   connected_ = client_->wait_connected(std::chrono::milliseconds(opts.connect_timeout) * 2);
   cluster_ = opts.cluster;
@@ -100,7 +112,9 @@ redis::Command Runner::raw_release(const std::string& key, const std::string& to
   return redis::Command{"EVALSHA", release_script().sha1(), "1", key, token, channel_for(resource)};
 }
 
-Runner::~Runner() {
+Runner::~Runner() { shutdown(); }
+
+void Runner::shutdown() {
   fleet_.reset();  // its last batch needs the client and a running loop
   // The client must close on its loop before the loop stops.
   std::promise<void> closed;

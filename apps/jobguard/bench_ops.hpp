@@ -112,6 +112,8 @@ class Runner {
  private:
   Phase run_coro(Op op);
   Phase run_threads(Op op);
+  void setup(const redis::ConnectionOptions& opts);
+  void shutdown();
 
   Config cfg_;
   boost::asio::io_context ctx_{1};

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "jobguard/redis/client.hpp"
+#include "jobguard/testing/embedded_redis.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 
@@ -93,6 +94,21 @@ TEST_F(BenchCli, BadRoundsIsAUsageError) {
   auto r = run_jobguard({"--redis", url(), "bench", "--rounds", "0"}, 30s);
   EXPECT_EQ(r.status, 64);
   EXPECT_NE(r.err.find("--rounds"), std::string::npos) << r.err;
+}
+
+// A cluster node that serves no slot (never created) answers the bench's
+// script load with CLUSTERDOWN: one line and exit 69, not an abort from a
+// loop thread left running when the setup threw (it did, rc 134).
+TEST_F(BenchCli, AClusterThatServesNoSlotIsOneLineAndUnavailable) {
+  EmbeddedRedisOptions o;
+  o.extra_args = {"--cluster-enabled", "yes", "--cluster-port", std::to_string(pick_free_port())};
+  EmbeddedRedis node(o);
+  node.start();
+  const std::string u = fmt::format("redis://127.0.0.1:{}/0?cluster=yes", node.port());
+  auto r = run_jobguard({"--redis", u, "--json", "bench", "--workers", "4", "--seconds", "0.2", "--rounds", "1"}, 60s);
+  EXPECT_EQ(r.status, 69) << r.err;
+  EXPECT_NE(r.err.find("CLUSTERDOWN"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 TEST_F(BenchCli, FairContentionServesEveryWorkerAndReportsTheShape) {
