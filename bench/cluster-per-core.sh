@@ -4,13 +4,16 @@
 # pinned to core 1, cluster and single alternating, twice. Each run's JSON
 # carries lock_ops_per_server_cpu_s (INFO cpu of every server it used).
 #   bench/cluster-per-core.sh [OUT_DIR]   env: J=jobguard binary, SECS, ROUNDS,
-#   CW (the cluster's workers; the single server always has 64)
+#   CW (the cluster's workers; the single server always has 64),
+#   ONE_NODE=1: also a one-node cluster (every slot on one primary, on core 0
+#   too), 64 workers: the cluster mode's own cost per command, apart from
+#   what three servers sharing one core cost each other.
 set -u
 cd "$(dirname "$0")/.."
 J=${J:-build/apps/jobguard/jobguard}
 OUT=${1:-/tmp/jobguard-cluster-per-core}; mkdir -p "$OUT"
 SECS=${SECS:-3}; ROUNDS=${ROUNDS:-5}; CW=${CW:-64}
-B=${BASE_PORT:-37101}; S=$((B + 9))
+B=${BASE_PORT:-37101}; S=$((B + 9)); O=$((B + 8)); ONE_NODE=${ONE_NODE:-0}
 D=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -19,7 +22,9 @@ cleanup() {
   rm -rf "$D"
 }
 trap cleanup EXIT
-for p in $B $((B + 1)) $((B + 2)) $S; do
+ports=($B $((B + 1)) $((B + 2)) $S)
+[ "$ONE_NODE" = 1 ] && ports+=($O)
+for p in "${ports[@]}"; do
   mkdir -p "$D/$p"
   extra=()
   [ "$p" = "$S" ] || extra=(--cluster-enabled yes --cluster-port $((p + 10000)) --cluster-config-file "$D/$p/nodes.conf")
@@ -37,7 +42,16 @@ done
 # cluster primary keeps its own record, on jobguard:epoch:{n} for the smallest
 # n whose slot it serves (a node answers MOVED for the others); the single
 # server on jobguard:epoch.
-for p in $B $((B + 1)) $((B + 2)); do
+if [ "$ONE_NODE" = 1 ]; then
+  redis-cli -p $O cluster addslotsrange 0 16383 >/dev/null
+  for _ in $(seq 50); do
+    [ "$(redis-cli -p $O cluster info | tr -d '\r' | grep cluster_state)" = "cluster_state:ok" ] && break
+    sleep 0.2
+  done
+fi
+cluster_nodes=($B $((B + 1)) $((B + 2)))
+[ "$ONE_NODE" = 1 ] && cluster_nodes+=($O)
+for p in "${cluster_nodes[@]}"; do
   for n in $(seq 0 100000); do
     out=$(redis-cli -p "$p" EVAL "$(cat src/lock/scripts/epoch.lua)" 1 "jobguard:epoch:{$n}" 60000 trust 2>&1)
     case $out in MOVED*) ;; *) break ;; esac
@@ -50,5 +64,7 @@ for _ in 1 2; do
     --rounds "$ROUNDS" --only lock | sed "s|^|cluster |" >>"$OUT/runs.jsonl"
   taskset -c 1 "$J" --redis "redis://127.0.0.1:$S/0" --json bench --workers 64 --seconds "$SECS" --rounds "$ROUNDS" \
     --only lock | sed "s|^|single |" >>"$OUT/runs.jsonl"
+  [ "$ONE_NODE" = 1 ] && taskset -c 1 "$J" --redis "redis://127.0.0.1:$O/0?cluster=yes" --json bench --workers 64 \
+    --seconds "$SECS" --rounds "$ROUNDS" --only lock | sed "s|^|one-node |" >>"$OUT/runs.jsonl"
 done
 echo "end $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/log"
