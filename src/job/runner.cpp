@@ -155,6 +155,8 @@ struct GuardedRunner::Fused {
   guard::RedisCompletionStore* completions = nullptr;
   guard::RedisIdempotencyStore* idempotency = nullptr;  // null: the class has no key
   std::string record_retention, idem_retention;         // ms, as the scripts take them
+  // The claims and the finishes one event-loop turn makes, sent together.
+  std::shared_ptr<detail::ScriptBatcher> claims, finishes;
 };
 
 struct GuardedRunner::FusedClaim {
@@ -215,6 +217,10 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
     f->idempotency = ri;
     f->record_retention = std::to_string(rc->options().retention.count());
     if (ri) f->idem_retention = std::to_string(ri->options().retention.count());
+    f->claims = std::make_shared<detail::ScriptBatcher>(*lock_client, detail::claim_script(),
+                                                        detail::claim_many_script());
+    f->finishes = std::make_shared<detail::ScriptBatcher>(*lock_client, detail::finish_script(),
+                                                          detail::finish_many_script());
     fused_ = std::move(f);
   }
 }
@@ -637,6 +643,8 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
     guard::detail::check_parts(cls_.name, a.resource, unit.run_id);
     ::jobguard::detail::ComposedAttempt c;
     c.script = &detail::claim_script();
+    c.eval = [b = fused_->claims](std::vector<std::string> k, std::vector<std::string> v, redis::Completion d,
+                                  redis::CallOptions o) { b->async_eval(std::move(k), std::move(v), std::move(d), o); };
     c.keys.push_back(fused_->completions->key_for(cls_.name, a.resource, unit.run_id));
     if (fused_->idempotency) {
       // The key run_step would claim for the whole unit (chunk -1).
@@ -712,10 +720,10 @@ awaitable<bool> GuardedRunner::one_call_finish(Attempt& a, const std::string& ru
   redis::Reply reply;
   try {
     reply = co_await await_done<redis::Reply>([&](auto done) {
-      svc.client().async_eval(detail::finish_script(), std::move(keys), std::move(args),
-                              [done = std::move(done)](std::error_code ec, redis::Reply r) {
-                                done(ec ? std::make_exception_ptr(Error(ec, "finish")) : nullptr, std::move(r));
-                              });
+      fused_->finishes->async_eval(std::move(keys), std::move(args),
+                                   [done = std::move(done)](std::error_code ec, redis::Reply r) {
+                                     done(ec ? std::make_exception_ptr(Error(ec, "finish")) : nullptr, std::move(r));
+                                   });
     });
   } catch (const std::exception&) {
     co_return false;

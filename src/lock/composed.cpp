@@ -56,8 +56,11 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   // outage itself, and a job does not wait out two deadlines for it.
   redis::CallOptions call;
   call.fail_if_down = opts.wait.count() == 0;
-  svc.client().async_eval(
-      *c.script, std::move(keys), std::move(args),
+  auto send = [&](redis::Completion handler) {
+    if (c.eval) return c.eval(std::move(keys), std::move(args), std::move(handler), call);
+    svc.client().async_eval(*c.script, std::move(keys), std::move(args), std::move(handler), call);
+  };
+  send(
       [self, gate, ticket, sent_at, resource = std::move(resource), opts, token, done = std::move(done)](
           std::error_code ec, redis::Reply r) mutable {
         auto& m = self->class_metrics(opts.lock_class);
@@ -107,8 +110,7 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
         out.status = ComposedStatus::granted;
         out.lock = self->make_lock(std::move(resource), key, std::move(token), fence, opts, sent_at, ticket->epoch_for(key));
         done(Error(), std::move(out));
-      },
-      call);
+      });
 }
 
 }  // namespace detail

@@ -17,6 +17,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/redis/client.hpp"
 #include "jobguard/redis/reply.hpp"
 #include "jobguard/redis/script.hpp"
 
@@ -45,6 +46,11 @@ struct ComposedAttempt {
   const redis::Script* script = nullptr;  // static: outlives the call
   std::vector<std::string> keys;          // after the lock's two
   std::vector<std::string> args;          // after its four
+  // Sends the call instead of client.async_eval(*script, ...) when set (the
+  // job runner's batcher: src/job/fused.hpp); the same contract.
+  std::function<void(std::vector<std::string> keys, std::vector<std::string> args, redis::Completion done,
+                     redis::CallOptions opts)>
+      eval;
 };
 
 enum class ComposedStatus {

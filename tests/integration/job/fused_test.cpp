@@ -1,0 +1,278 @@
+// The batched claim and finish (scripts/claim_many.lua, finish_many.lua) and
+// the batcher that sends them (src/job/fused.cpp), against a real server.
+//
+// The scripts' promise: n calls in one give each call the reply, and leave
+// the keys, that the single script would have given and left had the calls
+// run one after another. The tests build the same states under two prefixes,
+// run the calls one by one under the first and as one batch under the
+// second, and compare replies and keys (times and TTLs compared by kind, not
+// value).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <boost/asio/post.hpp>
+#include <future>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "job/fused.hpp"
+#include "jobguard/redis/client.hpp"
+#include "jobguard/redis/reply.hpp"
+#include "support/redis_fixture.hpp"
+
+using namespace std::chrono_literals;
+using namespace jobguard;
+
+namespace {
+
+struct Call {
+  std::vector<std::string> keys, args;
+};
+
+// A reply as text, the prefix taken out and every number above 1000 (a TTL,
+// a fence, a time) shown as "N".
+std::string normal(const redis::Reply& r, const std::string& prefix) {
+  std::string s = redis::to_debug_string(r);
+  for (auto at = s.find(prefix); at != std::string::npos; at = s.find(prefix)) s.replace(at, prefix.size(), "P:");
+  return std::regex_replace(s, std::regex("[0-9]{4,}"), "N");
+}
+
+class FusedBatch : public test::RedisTest {
+ protected:
+  void SetUp() override {
+    RedisTest::SetUp();
+    client_ = make_client();
+  }
+
+  redis::Reply run(redis::Command c) { return client_->exec(std::move(c)); }
+
+  // Every key under `prefix`: its type, value (as normal()), and whether it
+  // expires.
+  std::map<std::string, std::string> dump(const std::string& prefix) {
+    std::map<std::string, std::string> out;
+    auto keys = run(redis::Command{"KEYS", prefix + "*"});
+    for (const auto& k : keys.elements) {
+      const std::string name = k.str.substr(prefix.size());
+      const std::string type = run(redis::Command{"TYPE", k.str}).str;
+      redis::Reply v;
+      if (type == "string") v = run(redis::Command{"GET", k.str});
+      else if (type == "hash") v = run(redis::Command{"HGETALL", k.str});
+      else if (type == "zset") v = run(redis::Command{"ZRANGE", k.str, "0", "-1"});
+      const auto pttl = run(redis::Command{"PTTL", k.str}).integer;
+      // HGETALL's order is the hash's own: sorted here.
+      std::string value = normal(v, prefix);
+      if (type == "hash") {
+        std::map<std::string, std::string> fields;
+        for (std::size_t i = 0; i + 1 < v.elements.size(); i += 2)
+          fields[v.elements[i].str] = normal(v.elements[i + 1], prefix);
+        value.clear();
+        for (const auto& [f, x] : fields) value += f + "=" + x + ";";
+      }
+      out[name] = fmt::format("{} {} ttl:{}", type, value, pttl > 0 ? "yes" : std::to_string(pttl));
+    }
+    return out;
+  }
+
+  // The calls one by one under prefix `a`, then in one batch under `b`;
+  // `build(prefix)` makes a state and returns the calls on it.
+  void expect_batch_is_the_singles(const redis::Script& one, const redis::Script& many,
+                                   const std::function<std::vector<Call>(const std::string&)>& build) {
+    const std::string a = key("a:"), b = key("b:");
+    auto singles = build(a);
+    auto batched = build(b);
+    ASSERT_EQ(singles.size(), batched.size());
+    std::vector<std::string> want;
+    for (auto& c : singles) want.push_back(normal(client_->eval(one, c.keys, c.args), a));
+    std::vector<std::string> keys, args{std::to_string(batched.size())};
+    for (auto& c : batched) args.push_back(std::to_string(c.keys.size()));
+    for (auto& c : batched) args.push_back(std::to_string(c.args.size()));
+    for (auto& c : batched) {
+      keys.insert(keys.end(), c.keys.begin(), c.keys.end());
+      args.insert(args.end(), c.args.begin(), c.args.end());
+    }
+    auto r = client_->eval(many, keys, args);
+    ASSERT_TRUE(r.is_array()) << redis::to_debug_string(r);
+    ASSERT_EQ(r.elements.size(), want.size()) << redis::to_debug_string(r);
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(normal(r.elements[i], b), want[i]) << "call " << i;
+    EXPECT_EQ(dump(b), dump(a));
+  }
+
+  std::unique_ptr<redis::Client> client_;
+};
+
+// claim.lua's arguments for a moderate class: the lock, its fence counter,
+// the record, the key; token, ttl, fence, evicted_keys, fingerprint, owner,
+// lease, retention, 'defer' or ''.
+Call claim(const std::string& p, const std::string& unit, const std::string& token, const std::string& fence = "0",
+           const std::string& evicted = "", const std::string& defer = "defer") {
+  return Call{{p + "lock:{" + unit + "}", p + "fence:{" + unit + "}", p + "done:" + unit, p + "idem:" + unit},
+              {token, "30000", fence, evicted, "fp-" + unit, "owner-" + token, "30000", "600000", defer}};
+}
+
+// finish.lua's deferred form: the record, the lock, its waiters, the key;
+// token, channel, completed_by, result, record retention, owner, key
+// retention, cluster flag, 'deferred', fingerprint, ms since the claim, lease.
+Call finish(const std::string& p, const std::string& unit, const std::string& token) {
+  return Call{{p + "done:" + unit, p + "lock:{" + unit + "}", p + "waiters:{" + unit + "}", p + "idem:" + unit},
+              {token, p + "released:{" + unit + "}", "worker-1", "result-" + unit, "600000", "owner-" + token,
+               "600000", "", "deferred", "fp-" + unit, "3", "30000"}};
+}
+
+TEST_F(FusedBatch, ClaimsOfFirstRunsGoTogetherAndAnswerAsOneByOne) {
+  expect_batch_is_the_singles(job::detail::claim_script(), job::detail::claim_many_script(),
+                              [&](const std::string& p) {
+                                return std::vector<Call>{
+                                    claim(p, "u1", "t1"),
+                                    claim(p, "u1", "t2"),  // the same lock: busy
+                                    claim(p, "u2", "t3", "0", "0"),       // eviction count as checked
+                                    claim(p, "u3", "t4", "0", "999999"),  // keys evicted since: -1
+                                    claim(p, "u4", "t5", "1"),            // fenced: the one-by-one path
+                                    claim(p, "u5", "t6", "0", "", ""),    // key written at the claim
+                                    claim(p, "u6", "t7"),
+                                };
+                              });
+}
+
+TEST_F(FusedBatch, ClaimsWhereARecordOrKeyExistsAnswerAsOneByOne) {
+  expect_batch_is_the_singles(job::detail::claim_script(), job::detail::claim_many_script(),
+                              [&](const std::string& p) {
+                                // u1 done before; u2's key claimed by another run whose lock expired.
+                                run(redis::Command{"HSET", p + "done:u1", "at", "1", "by", "w0", "result", "r-old"});
+                                auto other = claim(p, "u2", "t-old", "0", "", "");
+                                client_->eval(job::detail::claim_script(), other.keys, other.args);
+                                run(redis::Command{"DEL", p + "lock:{u2}"});
+                                return std::vector<Call>{claim(p, "u1", "t1"), claim(p, "u2", "t2"),
+                                                         claim(p, "u3", "t3"), claim(p, "u3", "t4")};
+                              });
+}
+
+TEST_F(FusedBatch, FinishesAnswerAsOneByOneWhateverEachFinds) {
+  expect_batch_is_the_singles(
+      job::detail::finish_script(), job::detail::finish_many_script(), [&](const std::string& p) {
+        auto held = [&](const std::string& unit, const std::string& token) {
+          run(redis::Command{"SET", p + "lock:{" + unit + "}", token, "PX", "30000"});
+        };
+        held("u1", "t1");  // the common case
+        held("u2", "t2");  // with a waiter in line: woken
+        run(redis::Command{"ZADD", p + "waiters:{u2}", "5", "waiter-a"});
+        run(redis::Command{"ZADD", p + "waiters:{u2}", "7", "waiter-b"});
+        // u3: our lock expired, nobody holds it. u4: expired and taken by another.
+        held("u4", "t-other");
+        held("u5", "t5");
+        held("u6", "t6");
+        return std::vector<Call>{finish(p, "u1", "t1"), finish(p, "u2", "t2"), finish(p, "u3", "t3"),
+                                 finish(p, "u4", "t4"), finish(p, "u5", "t5"), finish(p, "u6", "t6")};
+      });
+}
+
+TEST_F(FusedBatch, FinishesWhereAKeyExistsAnswerAsOneByOne) {
+  expect_batch_is_the_singles(
+      job::detail::finish_script(), job::detail::finish_many_script(), [&](const std::string& p) {
+        run(redis::Command{"SET", p + "lock:{u1}", "t1", "PX", "30000"});
+        run(redis::Command{"SET", p + "lock:{u2}", "t2", "PX", "30000"});
+        // u2's key completed by another run (a step-by-step one): not ours to write.
+        run(redis::Command{"HSET", p + "idem:u2", "state", "completed", "owner", "owner-x", "fp", "fp-u2"});
+        return std::vector<Call>{finish(p, "u1", "t1"), finish(p, "u2", "t2")};
+      });
+}
+
+// The batcher: calls made in one turn of the loop go as one script call;
+// one call alone goes as the single script; an error reaches every caller.
+class Batcher : public test::RedisTest {
+ protected:
+  void SetUp() override {
+    RedisTest::SetUp();
+    client_ = make_client();
+  }
+
+  // `n` calls made in one handler on the loop; their replies.
+  std::vector<std::pair<std::error_code, redis::Reply>> call(job::detail::ScriptBatcher& b, int n,
+                                                             std::vector<redis::CallOptions> opts = {}) {
+    std::vector<std::promise<std::pair<std::error_code, redis::Reply>>> ps(n);
+    boost::asio::post(client_->get_executor(), [&] {
+      for (int i = 0; i < n; ++i)
+        b.async_eval({key(fmt::format("k{}", i))}, {fmt::format("v{}", i)},
+                     [&ps, i](std::error_code ec, redis::Reply r) { ps[i].set_value({ec, std::move(r)}); },
+                     opts.empty() ? redis::CallOptions{} : opts[i % opts.size()]);
+    });
+    std::vector<std::pair<std::error_code, redis::Reply>> out;
+    for (auto& p : ps) {
+      auto f = p.get_future();
+      if (f.wait_for(10s) != std::future_status::ready) {
+        ADD_FAILURE() << "a call never completed";
+        return out;
+      }
+      out.push_back(f.get());
+    }
+    return out;
+  }
+
+  std::unique_ptr<redis::Client> client_;
+};
+
+// `one` answers "one:<arg>", `many` "many:<arg>" per call (its layout as
+// claim_many.lua's).
+const redis::Script kOne{"return 'one:' .. ARGV[1]"};
+const redis::Script kMany{R"(local n = tonumber(ARGV[1])
+local out = {}
+for i = 1, n do out[i] = 'many:' .. ARGV[1 + 2 * n + i] .. ':' .. KEYS[i] end
+return out)"};
+
+TEST_F(Batcher, CallsOfOneTurnGoAsOneScriptCallEachWithItsOwnReply) {
+  auto b = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, kMany, 64);
+  auto got = call(*b, 10);
+  ASSERT_EQ(got.size(), 10u);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_FALSE(got[i].first) << got[i].first.message();
+    EXPECT_EQ(got[i].second.str, fmt::format("many:v{}:{}", i, key(fmt::format("k{}", i))));
+  }
+  EXPECT_EQ(b->sent(), 1u);
+  EXPECT_EQ(b->carried(), 10u);
+}
+
+TEST_F(Batcher, ALoneCallGoesAsTheSingleScript) {
+  auto b = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, kMany, 64);
+  auto got = call(*b, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].second.str, "one:v0");
+  // And the next turn's lone call too: nothing is held back.
+  got = call(*b, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].second.str, "one:v0");
+  EXPECT_EQ(b->sent(), 2u);
+}
+
+TEST_F(Batcher, ABatchIsAtMostMaxAndCallsWithOtherOptionsGoApart) {
+  auto b = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, kMany, 4);
+  auto got = call(*b, 10);
+  ASSERT_EQ(got.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(got[i].second.str.substr(0, 5), "many:") << i;
+  EXPECT_EQ(b->sent(), 3u);  // 4 + 4 + 2
+  redis::CallOptions quick;
+  quick.fail_if_down = true;
+  got = call(*b, 4, {redis::CallOptions{}, quick});  // alternating: four runs of one
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& g : got) EXPECT_EQ(g.second.str.substr(0, 4), "one:") << g.second.str;
+  EXPECT_EQ(b->sent(), 7u);
+}
+
+TEST_F(Batcher, AnErrorOfTheBatchReachesEveryCall) {
+  const redis::Script failing{"return redis.error_reply('ERR boom')"};
+  auto b = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, failing, 64);
+  auto got = call(*b, 3);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& g : got) {
+    EXPECT_TRUE(g.first);
+    EXPECT_NE(g.second.str.find("boom"), std::string::npos) << g.second.str;
+  }
+  // A reply of the wrong shape is a protocol error for each, not a crash.
+  const redis::Script short_reply{"return {1}"};
+  auto s = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, short_reply, 64);
+  got = call(*s, 3);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& g : got) EXPECT_EQ(g.first, make_error_code(errc::protocol_error)) << g.second.str;
+}
+
+}  // namespace
