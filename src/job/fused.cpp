@@ -76,15 +76,22 @@ void ScriptBatcher::async_eval(std::vector<std::string> keys, std::vector<std::s
 
 void ScriptBatcher::add(Call c) {
   pending_.push_back(std::move(c));
+  // A full batch goes now, not at the end of the turn: its callers were
+  // resumed by one reply of a read that holds more, and the connection
+  // writes it (CallOptions::weight) before this client works through the
+  // rest, so the server has it meanwhile.
+  if (pending_.size() >= max_batch_) return flush();
   if (flush_posted_) return;
   flush_posted_ = true;
   // Posted, not run now: the other jobs this turn resumes (a read's worth
   // of replies, a batch of stream entries) make their calls first.
-  boost::asio::post(client_.get_executor(), [self = shared_from_this()] { self->flush(); });
+  boost::asio::post(client_.get_executor(), [self = shared_from_this()] {
+    self->flush_posted_ = false;
+    self->flush();
+  });
 }
 
 void ScriptBatcher::flush() {
-  flush_posted_ = false;
   std::vector<Call> all;
   all.swap(pending_);
   // Calls that differ in their options (a deadline, fail-if-down) go apart:
@@ -104,12 +111,13 @@ void ScriptBatcher::flush() {
 void ScriptBatcher::send(std::vector<Call> batch) {
   sent_.fetch_add(1, std::memory_order_relaxed);
   carried_.fetch_add(batch.size(), std::memory_order_relaxed);
-  const auto opts = batch.front().opts;
+  auto opts = batch.front().opts;
   if (batch.size() == 1) {
     auto& c = batch.front();
     return client_.async_eval(one_, std::move(c.keys), std::move(c.args), std::move(c.done), opts);
   }
   const std::size_t n = batch.size();
+  opts.weight = static_cast<std::uint32_t>(n);
   std::vector<std::string> keys, args;
   args.reserve(1 + 2 * n);
   args.push_back(std::to_string(n));

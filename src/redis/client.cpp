@@ -149,6 +149,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
     detail::Multiplexer::Request r;
     r.payload = std::move(payload);
     r.deadline = Clock::now() + timeout;
+    r.weight = o.weight < 1 ? 1 : o.weight;
     // The caller's completion goes in as is; the connection's multiplexer
     // classifies error replies and counts the call (account()) before it.
     r.done = std::move(done);

@@ -103,7 +103,7 @@ const std::string& Multiplexer::prepare_write(bool internal_only) {
   while (!queued_.empty() && (!internal_only || queued_.front().internal)) {
     Request& r = queued_.front();
     write_buf_.append(r.payload);
-    if (!r.no_reply) in_flight_.push_back(InFlight{std::move(r.done), r.deadline, r.internal});
+    if (!r.no_reply) in_flight_.push_back(InFlight{std::move(r.done), r.deadline, r.internal, r.weight});
     queued_.pop_front();
     ++last_batch_;
   }
@@ -138,9 +138,11 @@ std::error_code Multiplexer::feed(const char* data, std::size_t n) {
     }
     Completion done = std::move(in_flight_.front().done);
     const bool internal = in_flight_.front().internal;
+    const std::size_t weight = in_flight_.front().weight;
     in_flight_.pop_front();
     if (done) finish(done, internal, std::error_code{}, std::move(*reply));  // empty when it already timed out
-    if (flush_ && ++since_flush == flush_every_) {
+    since_flush += weight;
+    if (flush_ && since_flush >= flush_every_) {
       since_flush = 0;
       flush_(flush_ctx_);
     }

@@ -81,6 +81,7 @@ class Multiplexer {
     // slot-migration push, so the push handler takes both (the subscriber
     // counts its own). `done` runs only if it fails before it is written.
     bool no_reply = false;
+    std::uint32_t weight = 1;  // CallOptions::weight
   };
 
   explicit Multiplexer(ReplyLimits limits = {});
@@ -170,6 +171,7 @@ class Multiplexer {
     Completion done;  // empty once expired
     Clock::time_point deadline;
     bool internal = false;
+    std::uint32_t weight = 1;
   };
   void finish(Completion& done, bool internal, std::error_code ec, Reply r) {
     if (hook_ && !internal) hook_(hook_ctx_, ec, r);

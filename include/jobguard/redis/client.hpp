@@ -70,6 +70,13 @@ struct CallOptions {
   // trivially destructible — g++ 12 destroys a temporary with a destructor
   // inside a co_await expression twice.
   std::string_view node{};
+  // How many callers' calls this one carries (a batch of them in one script
+  // call). A connection writes what has queued after every 16 calls' worth
+  // of replies it reads (src/redis/connection.hpp, kFlushEvery), counted by
+  // weight: a batch's reply resumes that many callers, whose next calls
+  // should reach the server while this client works through the rest of the
+  // read.
+  std::uint32_t weight = 1;
 };
 static_assert(std::is_trivially_destructible_v<CallOptions>, "CallOptions is passed as a temporary inside co_await");
 

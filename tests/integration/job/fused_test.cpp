@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/post.hpp>
+#include <atomic>
 #include <future>
 #include <map>
 #include <regex>
@@ -256,6 +257,28 @@ TEST_F(Batcher, ABatchIsAtMostMaxAndCallsWithOtherOptionsGoApart) {
   ASSERT_EQ(got.size(), 4u);
   for (const auto& g : got) EXPECT_EQ(g.second.str.substr(0, 4), "one:") << g.second.str;
   EXPECT_EQ(b->sent(), 7u);
+}
+
+TEST_F(Batcher, AFullBatchGoesAtOnceTheRestAtTheEndOfTheTurn) {
+  auto b = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, kMany, 4);
+  std::promise<std::vector<std::size_t>> seen;
+  std::atomic<int> left{5};
+  std::promise<void> all;
+  boost::asio::post(client_->get_executor(), [&] {
+    std::vector<std::size_t> sent_after;
+    for (int i = 0; i < 5; ++i) {
+      b->async_eval({key("k")}, {"v"}, [&](std::error_code, redis::Reply) {
+        if (--left == 0) all.set_value();
+      });
+      sent_after.push_back(b->sent());
+    }
+    seen.set_value(sent_after);
+  });
+  // The fourth call filled the batch: sent inside the turn, before the fifth.
+  EXPECT_EQ(seen.get_future().get(), (std::vector<std::size_t>{0, 0, 0, 1, 1}));
+  ASSERT_EQ(all.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(b->sent(), 2u);
+  EXPECT_EQ(b->carried(), 5u);
 }
 
 TEST_F(Batcher, AnErrorOfTheBatchReachesEveryCall) {

@@ -182,6 +182,34 @@ TEST(Multiplexer, FlushRunsAfterEveryNthCompletionOfOneFeedSoTheirRequestsCanLea
   EXPECT_EQ(waiting_at_flush.size(), 2u);
 }
 
+TEST(Multiplexer, AReplyCarryingManyCallsCountsByItsWeightTowardTheFlush) {
+  // A batch of 16 calls in one script call (CallOptions::weight): its one
+  // reply resumes 16 callers, so the flush runs right after it, with the
+  // follow-up it enqueued waiting; two replies of weight 1 after it do not
+  // reach the next flush.
+  Multiplexer m;
+  std::vector<std::size_t> waiting_at_flush;
+  struct Ctx {
+    Multiplexer* m;
+    std::vector<std::size_t>* seen;
+  } ctx{&m, &waiting_at_flush};
+  m.set_flush(
+      16, [](void* p) { auto* c = static_cast<Ctx*>(p); c->seen->push_back(c->m->pending() - c->m->in_flight()); },
+      &ctx);
+  Recorder follow_ups;
+  std::size_t asked = 0;
+  auto batch = req([&](std::error_code, Reply) { m.enqueue(req(follow_ups.slot(asked++))); });
+  batch.weight = 16;
+  m.enqueue(std::move(batch));
+  for (int i = 0; i < 2; ++i) m.enqueue(req([&](std::error_code, Reply) { m.enqueue(req(follow_ups.slot(asked++))); }));
+  (void)m.prepare_write();
+  m.write_done();
+  const std::string wire = "+OK\r\n+OK\r\n+OK\r\n";
+  ASSERT_FALSE(m.feed(wire.data(), wire.size()));
+  EXPECT_EQ(waiting_at_flush, (std::vector<std::size_t>{1}));
+  EXPECT_EQ(asked, 3u);
+}
+
 TEST(Multiplexer, PipelineFedOneByteAtATimeCompletesEachRequestAsSoonAsItsReplyIsWhole) {
   const auto ws = every_reply_type();
   Multiplexer m;
