@@ -33,7 +33,10 @@ const redis::Script& finish_many_script();
 //
 // Not on a Redis Cluster: the calls' keys are in many slots (the runner
 // does not use the one-call scripts there). Calls from any thread are moved
-// to the loop thread first; the batcher lives as long as its longest call.
+// to the loop thread first; the batcher lives as long as its longest call,
+// and the client must outlive the calls, as it must for any call made on it.
+// A completion may run inside send() (a closed client refuses at once) and
+// make a new call: flush() works on its own copy of the pending calls.
 class ScriptBatcher : public std::enable_shared_from_this<ScriptBatcher> {
  public:
   // At most `max_batch` calls in one. A script call runs alone on the
