@@ -147,20 +147,31 @@ TEST(Multiplexer, PipelineSplitAtEveryByteBoundaryMatchesEachReplyInOrder) {
   }
 }
 
+// Set as `m`'s flush (every `every` completions): records at each flush how
+// many requests wait to be written.
+struct FlushWatch {
+  explicit FlushWatch(Multiplexer& mux, std::size_t every = 16) : m(&mux) {
+    mux.set_flush(
+        every,
+        [](void* p) {
+          auto* w = static_cast<FlushWatch*>(p);
+          w->waiting.push_back(w->m->pending() - w->m->in_flight());
+        },
+        this);
+  }
+  FlushWatch(const FlushWatch&) = delete;
+  FlushWatch& operator=(const FlushWatch&) = delete;
+  Multiplexer* m;
+  std::vector<std::size_t> waiting;
+};
+
 TEST(Multiplexer, FlushRunsAfterEveryNthCompletionOfOneFeedSoTheirRequestsCanLeaveEarly) {
   // 40 replies arrive in one feed and each completion asks for one more
   // command, as a resumed caller would. With a flush every 16, the I/O layer
   // is called after completions 16 and 32, each time with exactly the
   // requests those completions enqueued waiting to be written.
   Multiplexer m;
-  std::vector<std::size_t> waiting_at_flush;
-  struct Ctx {
-    Multiplexer* m;
-    std::vector<std::size_t>* seen;
-  } ctx{&m, &waiting_at_flush};
-  m.set_flush(
-      16, [](void* p) { auto* c = static_cast<Ctx*>(p); c->seen->push_back(c->m->pending() - c->m->in_flight()); },
-      &ctx);
+  FlushWatch watch(m);
   Recorder follow_ups;
   std::size_t asked = 0;
   for (std::size_t i = 0; i < 40; ++i)
@@ -170,16 +181,16 @@ TEST(Multiplexer, FlushRunsAfterEveryNthCompletionOfOneFeedSoTheirRequestsCanLea
   std::string wire;
   for (int i = 0; i < 40; ++i) wire += "+OK\r\n";
   ASSERT_FALSE(m.feed(wire.data(), wire.size()));
-  EXPECT_EQ(waiting_at_flush, (std::vector<std::size_t>{16, 32}));
+  EXPECT_EQ(watch.waiting, (std::vector<std::size_t>{16, 32}));
   EXPECT_EQ(asked, 40u);
   // A later feed counts afresh: 10 completions, no flush.
-  m.set_flush(16, [](void* p) { static_cast<Ctx*>(p)->seen->push_back(999); }, &ctx);
+  m.set_flush(16, [](void* p) { static_cast<FlushWatch*>(p)->waiting.push_back(999); }, &watch);
   (void)m.prepare_write();
   m.write_done();
   std::string ten;
   for (int i = 0; i < 10; ++i) ten += "+OK\r\n";
   ASSERT_FALSE(m.feed(ten.data(), ten.size()));
-  EXPECT_EQ(waiting_at_flush.size(), 2u);
+  EXPECT_EQ(watch.waiting.size(), 2u);
 }
 
 TEST(Multiplexer, AReplyCarryingManyCallsCountsByItsWeightTowardTheFlush) {
@@ -188,14 +199,7 @@ TEST(Multiplexer, AReplyCarryingManyCallsCountsByItsWeightTowardTheFlush) {
   // follow-up it enqueued waiting; two replies of weight 1 after it do not
   // reach the next flush.
   Multiplexer m;
-  std::vector<std::size_t> waiting_at_flush;
-  struct Ctx {
-    Multiplexer* m;
-    std::vector<std::size_t>* seen;
-  } ctx{&m, &waiting_at_flush};
-  m.set_flush(
-      16, [](void* p) { auto* c = static_cast<Ctx*>(p); c->seen->push_back(c->m->pending() - c->m->in_flight()); },
-      &ctx);
+  FlushWatch watch(m);
   Recorder follow_ups;
   std::size_t asked = 0;
   auto batch = req([&](std::error_code, Reply) { m.enqueue(req(follow_ups.slot(asked++))); });
@@ -206,7 +210,7 @@ TEST(Multiplexer, AReplyCarryingManyCallsCountsByItsWeightTowardTheFlush) {
   m.write_done();
   const std::string wire = "+OK\r\n+OK\r\n+OK\r\n";
   ASSERT_FALSE(m.feed(wire.data(), wire.size()));
-  EXPECT_EQ(waiting_at_flush, (std::vector<std::size_t>{1}));
+  EXPECT_EQ(watch.waiting, (std::vector<std::size_t>{1}));
   EXPECT_EQ(asked, 3u);
 }
 
