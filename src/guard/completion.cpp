@@ -1,5 +1,9 @@
 #include "jobguard/guard/completion.hpp"
 
+#include <charconv>
+#include <string>
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "guard/async_internal.hpp"
@@ -45,7 +49,7 @@ std::string RedisCompletionStore::key_for(std::string_view job_kind, std::string
 namespace {
 
 const redis::Script& record_script() {
-  static const redis::Script script{std::string(scripts::completion_record)};
+  static const redis::Script script{scripts::with_stored_format(scripts::completion_record)};
   return script;
 }
 
@@ -60,10 +64,43 @@ RecordOutcome parse_record(const redis::Reply& r, std::string_view job_kind, std
   return out;
 }
 
-redis::Command find_command(const std::string& key) { return redis::Command{"HMGET", key, "at", "by", "result"}; }
+// A find is a GET, not a script: it runs for every delivery that finds the
+// lock busy, and a GET costs the server a fraction of a script call. The
+// value is stored.lua's record format, 'r1 <at> <#by>\n' by result.
+std::optional<CompletionRecord> parse_find(const redis::Reply& r, std::string_view key, std::string_view job_kind,
+                                           std::string_view entity, std::string_view run_id) {
+  if (r.is_nil()) return std::nullopt;
+  auto bad = [&] {
+    return Error(errc::protocol_error,
+                 fmt::format("completion record {}: not in a format this jobguard reads: {}", key,
+                             redis::to_debug_string(r)));
+  };
+  if (!r.is_string()) throw bad();
+  const std::string_view v = r.str;
+  const auto nl = v.find('\n');
+  if (nl == std::string_view::npos || v.substr(0, 3) != "r1 ") throw bad();
+  const std::string_view head = v.substr(3, nl - 3);
+  const auto sp = head.find(' ');
+  if (sp == std::string_view::npos) throw bad();
+  long long at = 0;
+  std::size_t by_len = 0;
+  const auto a = head.substr(0, sp), b = head.substr(sp + 1);
+  if (std::from_chars(a.data(), a.data() + a.size(), at).ptr != a.data() + a.size() || a.empty()) throw bad();
+  if (std::from_chars(b.data(), b.data() + b.size(), by_len).ptr != b.data() + b.size() || b.empty()) throw bad();
+  if (by_len > v.size() - nl - 1) throw bad();
+  return CompletionRecord{std::string(job_kind), std::string(entity), std::string(run_id), from_ms(at),
+                          std::string(v.substr(nl + 1, by_len)), std::string(v.substr(nl + 1 + by_len))};
+}
 
-std::optional<CompletionRecord> parse_find(const redis::Reply& r, std::string_view job_kind, std::string_view entity,
-                                           std::string_view run_id) {
+// The hash an older jobguard wrote (fields at, by, result): still read while
+// its retention keeps it; its GET fails with WRONGTYPE.
+redis::Command legacy_find_command(const std::string& key) {
+  return redis::Command{"HMGET", key, "at", "by", "result"};
+}
+bool is_legacy(const redis::Reply& r) { return r.is_error() && r.error_prefix() == "WRONGTYPE"; }
+
+std::optional<CompletionRecord> parse_legacy_find(const redis::Reply& r, std::string_view job_kind,
+                                                  std::string_view entity, std::string_view run_id) {
   if (!r.is_array() || r.elements.size() != 3)
     throw Error(errc::protocol_error, "HMGET completion record: unexpected reply " + redis::to_debug_string(r));
   if (r.elements[0].is_nil()) return std::nullopt;
@@ -95,8 +132,16 @@ RecordOutcome RedisCompletionStore::record(std::string_view job_kind, std::strin
 std::optional<CompletionRecord> RedisCompletionStore::find(std::string_view job_kind, std::string_view entity,
                                                            std::string_view run_id) {
   check_parts(job_kind, entity, run_id);
-  return parse_find(client_.exec(find_command(key_for(job_kind, entity, run_id)), {opts_.timeout}), job_kind, entity,
-                    run_id);
+  const std::string key = key_for(job_kind, entity, run_id);
+  redis::Reply r;
+  try {
+    r = client_.exec(redis::Command{"GET", key}, {opts_.timeout});
+  } catch (const Error& e) {
+    if (e.code() != make_error_code(errc::server_error) || e.detail().find("WRONGTYPE") == std::string_view::npos)
+      throw;
+    return parse_legacy_find(client_.exec(legacy_find_command(key), {opts_.timeout}), job_kind, entity, run_id);
+  }
+  return parse_find(r, key, job_kind, entity, run_id);
 }
 
 void RedisCompletionStore::async_record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
@@ -116,12 +161,21 @@ void RedisCompletionStore::async_record(std::string_view job_kind, std::string_v
 void RedisCompletionStore::async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                                       Done<std::optional<CompletionRecord>> done) {
   if (!checked(done, [&] { check_parts(job_kind, entity, run_id); })) return;
-  client_.async_exec(find_command(key_for(job_kind, entity, run_id)),
-                     reporting<std::optional<CompletionRecord>>(
-                         client_, std::move(done),
-                         [k = std::string(job_kind), e = std::string(entity), id = std::string(run_id)](
-                             const redis::Reply& r) { return parse_find(r, k, e, id); }),
-                     {opts_.timeout});
+  std::string key = key_for(job_kind, entity, run_id);
+  auto found = [this, done = std::move(done), key, k = std::string(job_kind), e = std::string(entity),
+                id = std::string(run_id)](std::error_code ec, redis::Reply r) mutable {
+    if (is_legacy(r)) {
+      return client_.async_exec(legacy_find_command(key),
+                                reporting<std::optional<CompletionRecord>>(
+                                    client_, std::move(done),
+                                    [k, e, id](const redis::Reply& h) { return parse_legacy_find(h, k, e, id); }),
+                                {opts_.timeout});
+    }
+    reporting<std::optional<CompletionRecord>>(client_, std::move(done), [&](const redis::Reply& v) {
+      return parse_find(v, key, k, e, id);
+    })(ec, std::move(r));
+  };
+  client_.async_exec(redis::Command{"GET", key}, std::move(found), {opts_.timeout});
 }
 
 }  // namespace jobguard::guard

@@ -62,15 +62,15 @@ RedisIdempotencyStore::RedisIdempotencyStore(redis::Client& client, IdempotencyO
 namespace {
 
 const redis::Script& begin_script() {
-  static const redis::Script script{std::string(scripts::idempotency_begin)};
+  static const redis::Script script{scripts::with_stored_format(scripts::idempotency_begin)};
   return script;
 }
 const redis::Script& complete_script() {
-  static const redis::Script script{std::string(scripts::idempotency_complete)};
+  static const redis::Script script{scripts::with_stored_format(scripts::idempotency_complete)};
   return script;
 }
 const redis::Script& abandon_script() {
-  static const redis::Script script{std::string(scripts::idempotency_abandon)};
+  static const redis::Script script{scripts::with_stored_format(scripts::idempotency_abandon)};
   return script;
 }
 

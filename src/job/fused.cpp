@@ -26,10 +26,11 @@ using ::jobguard::detail::as_lua_function;
 
 namespace {
 std::string claim_parts() {
-  return ::jobguard::detail::acquire_as_function() + as_lua_function("idem_begin", guard::scripts::idempotency_begin);
+  return guard::scripts::with_stored_format(::jobguard::detail::acquire_as_function()) +
+         as_lua_function("idem_begin", guard::scripts::idempotency_begin);
 }
 std::string finish_parts() {
-  return as_lua_function("idem_complete", guard::scripts::idempotency_complete) +
+  return guard::scripts::with_stored_format(as_lua_function("idem_complete", guard::scripts::idempotency_complete)) +
          as_lua_function("record", guard::scripts::completion_record) + ::jobguard::detail::release_as_function();
 }
 }  // namespace

@@ -86,9 +86,11 @@ struct RedisCompletionOptions {
   std::chrono::milliseconds timeout{0};
 };
 
-// One hash per record: <prefix><kind>:<entity>:<run_id>, with ':' and '%' in
-// the parts percent-encoded so distinct triples never share a key. Written by a
-// Lua script (create-if-absent, read back otherwise) using the server's clock.
+// One string per record, <prefix><kind>:<entity>:<run_id>, with ':' and '%'
+// in the parts percent-encoded so distinct triples never share a key (its
+// format: src/guard/scripts/stored.lua; a hash an older jobguard wrote is
+// still read). Written by a Lua script (create-if-absent, read back
+// otherwise) using the server's clock.
 // A Redis that loses data (restart without persistence, failover to a lagging
 // replica) loses records: use PostgreSQL where a rerun costs money.
 class RedisCompletionStore final : public CompletionStore {

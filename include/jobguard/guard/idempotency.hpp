@@ -104,7 +104,9 @@ class PgIdempotencyStore final : public IdempotencyStore {
   std::unique_ptr<PgConnection> conn_;
 };
 
-// One hash per key, changed only by Lua scripts (atomic on the server).
+// One string per key (its format: src/guard/scripts/stored.lua; a hash an
+// older jobguard wrote is still read), changed only by Lua scripts (atomic
+// on the server).
 class RedisIdempotencyStore final : public IdempotencyStore {
  public:
   // `client` must outlive the store.

@@ -19,15 +19,15 @@
 -- 'absent'). Nothing else runs between here and the writes below.
 local fresh = KEYS[4] and redis.call('EXISTS', KEYS[3], KEYS[4]) == 0
 if not fresh then
-  local rec = redis.call('HMGET', KEYS[3], 'at', 'result')
-  if rec[1] then return {2, 0, rec[2] or ''} end
+  local rec = record_read(KEYS[3])
+  if rec then return {2, 0, rec.result} end
 end
 local g = acquire({KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], '0', '0', '0', '', ARGV[4]})
 if g[1] ~= 1 or not KEYS[4] then return g end
 -- Deferred (the runner asks only for a class that is not long-running): the
 -- key's lease would be this grant's TTL from this instant, so it would end
 -- exactly when the lock does, and until then nobody gets past the lock to
--- read it. Writing it here would protect nothing the lock does not, and a
--- new hash with its expiry is the dearest part of a claim.
+-- read it. Writing it here would protect nothing the lock does not, and the
+-- key's write is the dearest part of a claim.
 if fresh and ARGV[9] == 'defer' then return {g[1], g[2], 'deferred'} end
 return {g[1], g[2], idem_begin({KEYS[4]}, {ARGV[5], ARGV[6], ARGV[7], ARGV[8], fresh and 'absent' or ''})}

@@ -28,32 +28,31 @@ if ARGV[9] == 'deferred' then
   -- the script runs alone, so the order of the steps below is free.
   -- 0 or 1: release.lua's 2 (a waiter woken) is the lock's own business.
   local rel = math.min(release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]}), 1)
-  local k = redis.call('HMGET', KEYS[4], 'state', 'owner')
+  local k = idem_read(KEYS[4])
   local record_absent = ''
-  if not k[1] then
+  if not k then
     if rel == 0 then
       -- Our lock is gone. If another run of the unit holds it now, that run
       -- completes the key when it ends; this one reports the lost lock.
       local holder = redis.call('GET', KEYS[2])
       if holder then return {0, {0, 'unwritten (the lock is held by ' .. holder .. ')', false}, rel} end
     end
-    -- The fields idempotency_begin.lua and idempotency_complete.lua would
+    -- The key idempotency_begin.lua and idempotency_complete.lua would
     -- have left: readers cannot tell the two paths apart.
     local since = now_ms - tonumber(ARGV[11])
-    redis.call('HSET', KEYS[4], 'state', 'completed', 'fp', ARGV[10], 'owner', ARGV[6],
-               'since', string.format('%d', since), 'lease_until', string.format('%d', since + tonumber(ARGV[12])),
-               'result', ARGV[4], 'done', now)
-    redis.call('PEXPIRE', KEYS[4], ARGV[7])
+    redis.call('SET', KEYS[4], idem_value('completed', ARGV[10], ARGV[6], string.format('%d', since),
+                                          string.format('%d', since + tonumber(ARGV[12])), now, ARGV[4]),
+               'PX', ARGV[7])
     -- The claim found both missing, and a run that is not chunked completes
     -- the unit's key before it writes the unit's record (the steps, this
     -- script, the steps after a lost reply): with the key still missing and
     -- our lock held since the claim, so is the record. (A chunked run records
     -- without that key, but it would have needed the lock.)
     if rel == 1 then record_absent = 'absent' end
-  elseif k[1] ~= 'completed' or k[2] ~= ARGV[6] then
+  elseif k.state ~= 'completed' or k.owner ~= ARGV[6] then
     -- Claimed or completed by another run (a step-by-step claim while we
     -- held the lock, or a run after our lock was lost): not ours to write.
-    return {0, {0, k[1], k[2]}, rel}
+    return {0, {0, k.state, k.owner}, rel}
   end
   return {1, record({KEYS[1]}, {ARGV[3], ARGV[4], ARGV[5], now, record_absent})[1], rel}
 end

@@ -51,12 +51,14 @@ if #maybe > 0 then
     for _, i in ipairs(common) do
       local x, y = aat[i], kat[i]
       local since = now_ms - tonumber(ARGV[x + 10])
-      redis.call('HSET', KEYS[y + 3], 'state', 'completed', 'fp', ARGV[x + 9], 'owner', ARGV[x + 5],
-                 'since', string.format('%d', since), 'lease_until', string.format('%d', since + tonumber(ARGV[x + 11])),
-                 'result', ARGV[x + 3], 'done', now)
-      redis.call('PEXPIRE', KEYS[y + 3], ARGV[x + 6])
-      redis.call('HSET', KEYS[y], 'at', now, 'by', ARGV[x + 2], 'result', ARGV[x + 3])
-      if tonumber(ARGV[x + 4]) > 0 then redis.call('PEXPIRE', KEYS[y], ARGV[x + 4]) end
+      redis.call('SET', KEYS[y + 3], idem_value('completed', ARGV[x + 9], ARGV[x + 5], string.format('%d', since),
+                                                string.format('%d', since + tonumber(ARGV[x + 11])), now, ARGV[x + 3]),
+                 'PX', ARGV[x + 6])
+      if tonumber(ARGV[x + 4]) > 0 then
+        redis.call('SET', KEYS[y], record_value(now, ARGV[x + 2], ARGV[x + 3]), 'PX', ARGV[x + 4])
+      else
+        redis.call('SET', KEYS[y], record_value(now, ARGV[x + 2], ARGV[x + 3]))
+      end
       out[i] = {1, 1, 1}
     end
   end

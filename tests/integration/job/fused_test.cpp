@@ -139,13 +139,17 @@ TEST_F(FusedBatch, ClaimsOfFirstRunsGoTogetherAndAnswerAsOneByOne) {
 TEST_F(FusedBatch, ClaimsWhereARecordOrKeyExistsAnswerAsOneByOne) {
   expect_batch_is_the_singles(job::detail::claim_script(), job::detail::claim_many_script(),
                               [&](const std::string& p) {
-                                // u1 done before; u2's key claimed by another run whose lock expired.
+                                // u1 done before (a hash, as an older jobguard wrote it;
+                                // u7 as a string, stored.lua's format); u2's key claimed by
+                                // another run whose lock expired.
                                 run(redis::Command{"HSET", p + "done:u1", "at", "1", "by", "w0", "result", "r-old"});
+                                run(redis::Command{"SET", p + "done:u7", "r1 1 2\nw0r-new"});
                                 auto other = claim(p, "u2", "t-old", "0", "", "");
                                 client_->eval(job::detail::claim_script(), other.keys, other.args);
                                 run(redis::Command{"DEL", p + "lock:{u2}"});
                                 return std::vector<Call>{claim(p, "u1", "t1"), claim(p, "u2", "t2"),
-                                                         claim(p, "u3", "t3"), claim(p, "u3", "t4")};
+                                                         claim(p, "u3", "t3"), claim(p, "u3", "t4"),
+                                                         claim(p, "u7", "t5")};
                               });
 }
 
@@ -173,9 +177,13 @@ TEST_F(FusedBatch, FinishesWhereAKeyExistsAnswerAsOneByOne) {
       job::detail::finish_script(), job::detail::finish_many_script(), [&](const std::string& p) {
         run(redis::Command{"SET", p + "lock:{u1}", "t1", "PX", "30000"});
         run(redis::Command{"SET", p + "lock:{u2}", "t2", "PX", "30000"});
-        // u2's key completed by another run (a step-by-step one): not ours to write.
+        run(redis::Command{"SET", p + "lock:{u3}", "t3", "PX", "30000"});
+        // u2's and u3's keys completed by another run (a step-by-step one): not
+        // ours to write. u2's is a hash as an older jobguard wrote it, u3's a
+        // string (stored.lua's format).
         run(redis::Command{"HSET", p + "idem:u2", "state", "completed", "owner", "owner-x", "fp", "fp-u2"});
-        return std::vector<Call>{finish(p, "u1", "t1"), finish(p, "u2", "t2")};
+        run(redis::Command{"SET", p + "idem:u3", "i1 completed 1 2 3 5 7\nfp-u3owner-x"});
+        return std::vector<Call>{finish(p, "u1", "t1"), finish(p, "u2", "t2"), finish(p, "u3", "t3")};
       });
 }
 
