@@ -66,7 +66,8 @@ RecordOutcome parse_record(const redis::Reply& r, std::string_view job_kind, std
 
 // A find is a GET, not a script: it runs for every delivery that finds the
 // lock busy, and a GET costs the server a fraction of a script call. The
-// value is stored.lua's record format, 'r1 <at> <#by>\n' by result.
+// value is stored.lua's record format: 'r1 <at>\n' by '\n' result, or, when
+// completed_by holds a newline, 'r1 <at> <#by>\n' by result.
 std::optional<CompletionRecord> parse_find(const redis::Reply& r, std::string_view key, std::string_view job_kind,
                                            std::string_view entity, std::string_view run_id) {
   if (r.is_nil()) return std::nullopt;
@@ -80,16 +81,25 @@ std::optional<CompletionRecord> parse_find(const redis::Reply& r, std::string_vi
   const auto nl = v.find('\n');
   if (nl == std::string_view::npos || v.substr(0, 3) != "r1 ") throw bad();
   const std::string_view head = v.substr(3, nl - 3);
-  const auto sp = head.find(' ');
-  if (sp == std::string_view::npos) throw bad();
+  auto number = [&](std::string_view s, auto& out) {
+    if (s.empty() || std::from_chars(s.data(), s.data() + s.size(), out).ptr != s.data() + s.size()) throw bad();
+  };
   long long at = 0;
-  std::size_t by_len = 0;
-  const auto a = head.substr(0, sp), b = head.substr(sp + 1);
-  if (std::from_chars(a.data(), a.data() + a.size(), at).ptr != a.data() + a.size() || a.empty()) throw bad();
-  if (std::from_chars(b.data(), b.data() + b.size(), by_len).ptr != b.data() + b.size() || b.empty()) throw bad();
-  if (by_len > v.size() - nl - 1) throw bad();
+  std::size_t by_len = 0, rest = 0;
+  if (const auto sp = head.find(' '); sp == std::string_view::npos) {
+    number(head, at);
+    const auto end = v.find('\n', nl + 1);
+    if (end == std::string_view::npos) throw bad();
+    by_len = end - nl - 1;
+    rest = end + 1;
+  } else {
+    number(head.substr(0, sp), at);
+    number(head.substr(sp + 1), by_len);
+    if (by_len > v.size() - nl - 1) throw bad();
+    rest = nl + 1 + by_len;
+  }
   return CompletionRecord{std::string(job_kind), std::string(entity), std::string(run_id), from_ms(at),
-                          std::string(v.substr(nl + 1, by_len)), std::string(v.substr(nl + 1 + by_len))};
+                          std::string(v.substr(nl + 1, by_len)), std::string(v.substr(rest))};
 }
 
 // The hash an older jobguard wrote (fields at, by, result): still read while

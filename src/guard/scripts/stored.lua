@@ -5,23 +5,43 @@
 -- Why strings: as hashes each write was HSET + PEXPIRE, two of the five
 -- commands a guarded job's scripts make, and every redis.call is a good part
 -- of the job's cost on the server (docs/bench.md).
+--   key:    'i1 <state> <since> <lease_until> <done>\n' .. fp .. '\n' .. owner .. '\n' .. result
+--   record: 'r1 <at>\n' .. by .. '\n' .. result
+-- Times are the server's ms; <done> is '-' while in progress; the result is
+-- the rest, whatever its bytes. The fingerprint, owner and completed_by are
+-- the caller's bytes too: when one holds a newline, lengths delimit them
+-- instead (the head then ends with them):
 --   key:    'i1 <state> <since> <lease_until> <done> <#fp> <#owner>\n' .. fp .. owner .. result
 --   record: 'r1 <at> <#by>\n' .. by .. result
--- Times are the server's ms; <done> is '-' while in progress. Lengths, not
--- separators, delimit the fingerprint, owner and completed_by: they are the
--- caller's bytes (a newline, a space, a NUL); the result is the rest.
+-- Not lengths always: Lua makes a number a string with a printf of a double,
+-- and the three lengths cost the server about 5,000 instructions a guarded
+-- job, some 2.5 % of it (callgrind, docs/bench.md).
 -- jobguard before this format wrote both as hashes (fields state, fp,
 -- owner, since, lease_until, result, done; and at, by, result). Such a key or
 -- record is still read here, for as long as its retention keeps it, and a
 -- write replaces it with the string (SET replaces a key of any type).
 
 local function idem_value(state, fp, owner, since, lease_until, done, result)
+  if not string.find(fp, '\n', 1, true) and not string.find(owner, '\n', 1, true) then
+    return 'i1 ' .. state .. ' ' .. since .. ' ' .. lease_until .. ' ' .. done .. '\n' .. fp .. '\n' .. owner .. '\n' ..
+           result
+  end
   return 'i1 ' .. state .. ' ' .. since .. ' ' .. lease_until .. ' ' .. done .. ' ' .. #fp .. ' ' .. #owner .. '\n' ..
          fp .. owner .. result
 end
 
 local function record_value(at, by, result)
+  if not string.find(by, '\n', 1, true) then return 'r1 ' .. at .. '\n' .. by .. '\n' .. result end
   return 'r1 ' .. at .. ' ' .. #by .. '\n' .. by .. result
+end
+
+-- The two fields after the head ending at `nl`, separated by newlines; and
+-- where the rest begins. nil when they are not there.
+local function stored_split2(v, nl)
+  local a = string.find(v, '\n', nl + 1, true)
+  local b = a and string.find(v, '\n', a + 1, true)
+  if not b then return nil end
+  return string.sub(v, nl + 1, a - 1), string.sub(v, a + 1, b - 1), b + 1
 end
 
 -- GET key; for a hash an older jobguard wrote, nil and the hash's `fields`.
@@ -50,14 +70,23 @@ local function idem_read(key)
   if not v then return nil end
   local nl = string.find(v, '\n', 1, true)
   if not nl then unreadable('idempotency key', key) end
-  local state, since, lease_until, done, nfp, nowner =
-    string.match(string.sub(v, 1, nl - 1), '^i1 (%S+) (%d+) (%d+) (%S+) (%d+) (%d+)$')
-  if not state then unreadable('idempotency key', key) end
-  local o = nl + tonumber(nfp)
-  local r = o + tonumber(nowner)
-  if r > #v then unreadable('idempotency key', key) end
-  return {state = state, fp = string.sub(v, nl + 1, o), owner = string.sub(v, o + 1, r), since = since,
-          lease_until = lease_until, done = done, result = string.sub(v, r + 1)}
+  local head = string.sub(v, 1, nl - 1)
+  local state, since, lease_until, done = string.match(head, '^i1 (%S+) (%d+) (%d+) (%S+)$')
+  local fp, owner, rest
+  if state then
+    fp, owner, rest = stored_split2(v, nl)
+  else
+    local nfp, nowner
+    state, since, lease_until, done, nfp, nowner = string.match(head, '^i1 (%S+) (%d+) (%d+) (%S+) (%d+) (%d+)$')
+    if state then
+      local o = nl + tonumber(nfp)
+      rest = o + tonumber(nowner) + 1
+      if rest <= #v + 1 then fp, owner = string.sub(v, nl + 1, o), string.sub(v, o + 1, rest - 1) end
+    end
+  end
+  if not fp then unreadable('idempotency key', key) end
+  return {state = state, fp = fp, owner = owner, since = since, lease_until = lease_until, done = done,
+          result = string.sub(v, rest)}
 end
 
 -- The record's fields {at, by, result}, or nil when it does not exist.
@@ -70,9 +99,20 @@ local function record_read(key)
   if not v then return nil end
   local nl = string.find(v, '\n', 1, true)
   if not nl then unreadable('completion record', key) end
-  local at, nby = string.match(string.sub(v, 1, nl - 1), '^r1 (%d+) (%d+)$')
-  if not at then unreadable('completion record', key) end
-  local b = nl + tonumber(nby)
-  if b > #v then unreadable('completion record', key) end
-  return {at = at, by = string.sub(v, nl + 1, b), result = string.sub(v, b + 1)}
+  local head = string.sub(v, 1, nl - 1)
+  local at = string.match(head, '^r1 (%d+)$')
+  local by, rest
+  if at then
+    local b = string.find(v, '\n', nl + 1, true)
+    if b then by, rest = string.sub(v, nl + 1, b - 1), b + 1 end
+  else
+    local nby
+    at, nby = string.match(head, '^r1 (%d+) (%d+)$')
+    if at then
+      rest = nl + tonumber(nby) + 1
+      if rest <= #v + 1 then by = string.sub(v, nl + 1, rest - 1) end
+    end
+  end
+  if not by then unreadable('completion record', key) end
+  return {at = at, by = by, result = string.sub(v, rest)}
 end

@@ -57,20 +57,22 @@ TEST_F(Stored, AKeyIsOneStringWithItsExpiryInTheLayoutStoredLuaDocuments) {
   EXPECT_EQ(run({"TYPE", idem_key("k1")}).str, "string");
   const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(b.since.time_since_epoch()).count();
   EXPECT_EQ(run({"GET", idem_key("k1")}).str,
-            "i1 in_progress " + std::to_string(since) + " " + std::to_string(since + 30000) + " - 2 7\nfpowner-1");
+            "i1 in_progress " + std::to_string(since) + " " + std::to_string(since + 30000) + " -\nfp\nowner-1\n");
   const auto ttl = run({"PTTL", idem_key("k1")}).integer;
   EXPECT_GT(ttl, 23 * 3600 * 1000LL) << "the store's retention (24 h), longer than the lease";
 
   idem->complete("k1", "owner-1", "ch_9");
   const std::string v = run({"GET", idem_key("k1")}).str;
   EXPECT_EQ(v.rfind("i1 completed " + std::to_string(since) + " " + std::to_string(since + 30000) + " ", 0), 0u) << v;
-  EXPECT_EQ(v.substr(v.size() - 18), " 2 7\nfpowner-1ch_9") << v;
+  EXPECT_EQ(v.substr(v.size() - 16), "\nfp\nowner-1\nch_9") << v;
   EXPECT_GT(run({"PTTL", idem_key("k1")}).integer, 23 * 3600 * 1000LL);
 }
 
 TEST_F(Stored, AKeyKeepsTheCallersBytesExactly) {
   const auto b = idem->begin("k2", kFp, 30s, kOwner);
   ASSERT_EQ(b.status, guard::BeginStatus::claimed);
+  const std::string v = run({"GET", idem_key("k2")}).str;
+  EXPECT_EQ(v.substr(v.find(" - ")), " - 7 8\n" + kFp + kOwner) << "a newline in them: lengths delimit them";
   const auto again = idem->begin("k2", kFp, 30s);
   EXPECT_EQ(again.status, guard::BeginStatus::in_progress);
   EXPECT_EQ(again.owner, kOwner);
@@ -92,7 +94,8 @@ TEST_F(Stored, ARecordIsOneStringAndKeepsTheCallersBytesExactly) {
   EXPECT_EQ(run({"TYPE", key}).str, "string");
   const auto at = std::chrono::duration_cast<std::chrono::milliseconds>(r.record.completed_at.time_since_epoch());
   ASSERT_EQ(kOwner.size(), 8u);
-  EXPECT_EQ(run({"GET", key}).str, "r1 " + std::to_string(at.count()) + " 8\n" + kOwner + kResult);
+  EXPECT_EQ(run({"GET", key}).str, "r1 " + std::to_string(at.count()) + " 8\n" + kOwner + kResult)
+      << "a newline in completed_by: its length delimits it";
   EXPECT_EQ(run({"PTTL", key}).integer, -1) << "retention 0 keeps it";
 
   for (const auto& found : {done->find("charge", "e1", "r"), find_async("e1")}) {
@@ -107,7 +110,16 @@ TEST_F(Stored, ARecordIsOneStringAndKeepsTheCallersBytesExactly) {
   EXPECT_EQ(second.record.result, kResult);
 
   guard::RedisCompletionStore kept(*client, {.retention = 60s});
-  ASSERT_TRUE(kept.record("charge", "e2", "r", "w", "").recorded);
+  const auto plain = kept.record("charge", "e2", "r", "w 1", kResult);
+  ASSERT_TRUE(plain.recorded);
+  const auto at2 = std::chrono::duration_cast<std::chrono::milliseconds>(plain.record.completed_at.time_since_epoch());
+  EXPECT_EQ(run({"GET", kept.key_for("charge", "e2", "r")}).str, "r1 " + std::to_string(at2.count()) + "\nw 1\n" + kResult);
+  for (const auto& found : {kept.find("charge", "e2", "r"), find_async("e2")}) {
+    ASSERT_TRUE(found);
+    EXPECT_EQ(found->completed_by, "w 1");
+    EXPECT_EQ(found->result, kResult);
+  }
+  EXPECT_EQ(kept.record("charge", "e2", "r", "w2", "x").record.result, kResult);
   const auto ttl = run({"PTTL", kept.key_for("charge", "e2", "r")}).integer;
   EXPECT_GT(ttl, 50000);
   EXPECT_LE(ttl, 60000);
@@ -166,15 +178,17 @@ TEST_F(Stored, ARecordWrittenAsAHashByAnOlderJobguardIsStillRead) {
 // Something else under jobguard's names (a plain value): an error that names
 // the key, never a silent "absent" that would let the effect run again.
 TEST_F(Stored, AValueInNoFormatJobguardWritesIsAnErrorNamingTheKey) {
-  run({"SET", idem_key("alien"), "hello"});
-  try {
-    idem->begin("alien", "fp", 30s);
-    FAIL() << "read as absent";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(idem_key("alien")), std::string::npos) << e.what();
+  for (const char* v : {"hello", "i1 completed 1 2 3\nfp\nowner-but-no-newline", "i1 completed 1 2 3 9 9\nshort"}) {
+    run({"SET", idem_key("alien"), v});
+    try {
+      idem->begin("alien", "fp", 30s);
+      FAIL() << "read '" << v << "' as a key";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(idem_key("alien")), std::string::npos) << e.what();
+    }
   }
   const std::string key = done->key_for("charge", "alien", "r");
-  for (const char* v : {"hello", "r1 12 99\nshort", "r1 x 1\nw"}) {
+  for (const char* v : {"hello", "r1 12 99\nshort", "r1 x 1\nw", "r1 12\nno-second-newline"}) {
     run({"SET", key, v});
     try {
       done->find("charge", "alien", "r");
