@@ -21,8 +21,9 @@
 -- record is still read here, for as long as its retention keeps it, and a
 -- write replaces it with the string (SET replaces a key of any type).
 
+local stored_find = string.find
 local function idem_value(state, fp, owner, since, lease_until, done, result)
-  if not string.find(fp, '\n', 1, true) and not string.find(owner, '\n', 1, true) then
+  if not stored_find(fp, '\n', 1, true) and not stored_find(owner, '\n', 1, true) then
     return 'i1 ' .. state .. ' ' .. since .. ' ' .. lease_until .. ' ' .. done .. '\n' .. fp .. '\n' .. owner .. '\n' ..
            result
   end
@@ -31,7 +32,7 @@ local function idem_value(state, fp, owner, since, lease_until, done, result)
 end
 
 local function record_value(at, by, result)
-  if not string.find(by, '\n', 1, true) then return 'r1 ' .. at .. '\n' .. by .. '\n' .. result end
+  if not stored_find(by, '\n', 1, true) then return 'r1 ' .. at .. '\n' .. by .. '\n' .. result end
   return 'r1 ' .. at .. ' ' .. #by .. '\n' .. by .. result
 end
 

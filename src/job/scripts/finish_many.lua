@@ -14,7 +14,7 @@
 -- could have seen: the common ones go first. Each holds its own lock, so
 -- their keys are apart (the record's and the key's names hold the lock's
 -- resource), and none reads what another writes.
-local n, kat, aat, nk, na, parts = batch_layout(KEYS, ARGV)
+local n, kat, aat, nk, na, parts, num = batch_layout(KEYS, ARGV)
 local out, maybe, locks = {}, {}, {}
 for i = 1, n do
   if nk[i] == 4 and na[i] == 12 and ARGV[aat[i] + 8] == 'deferred' then
@@ -48,18 +48,19 @@ if #maybe > 0 then
     local t = redis.call('TIME')
     local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local now = string.format('%d', now_ms)
+    local done = {1, 1, 1}
     for _, i in ipairs(common) do
       local x, y = aat[i], kat[i]
-      local since = now_ms - tonumber(ARGV[x + 10])
+      local since = now_ms - num(ARGV[x + 10])
       redis.call('SET', KEYS[y + 3], idem_value('completed', ARGV[x + 9], ARGV[x + 5], string.format('%d', since),
-                                                string.format('%d', since + tonumber(ARGV[x + 11])), now, ARGV[x + 3]),
+                                                string.format('%d', since + num(ARGV[x + 11])), now, ARGV[x + 3]),
                  'PX', ARGV[x + 6])
-      if tonumber(ARGV[x + 4]) > 0 then
+      if num(ARGV[x + 4]) > 0 then
         redis.call('SET', KEYS[y], record_value(now, ARGV[x + 2], ARGV[x + 3]), 'PX', ARGV[x + 4])
       else
         redis.call('SET', KEYS[y], record_value(now, ARGV[x + 2], ARGV[x + 3]))
       end
-      out[i] = {1, 1, 1}
+      out[i] = done
     end
   end
 end
