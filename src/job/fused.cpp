@@ -4,6 +4,8 @@
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <algorithm>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -92,21 +94,62 @@ void ScriptBatcher::add(Call c) {
   });
 }
 
+EncodedBatch encode_batch(std::vector<std::vector<std::string>> keys, std::vector<std::vector<std::string>> args) {
+  const std::size_t n = args.size();
+  if (n == 0 || keys.size() != n) throw Error(errc::invalid_argument, "encode_batch: no calls, or keys for a different number");
+  const std::size_t nk = keys.front().size(), na = args.front().size();
+  for (std::size_t i = 0; i < n; ++i)
+    if (keys[i].size() != nk || args[i].size() != na)
+      throw Error(errc::invalid_argument, fmt::format("encode_batch: call {} has {} keys and {} arguments, call 0 {} and {}",
+                                                      i, keys[i].size(), args[i].size(), nk, na));
+  std::string mask(na, 's');
+  for (std::size_t j = 0; j < na; ++j)
+    for (std::size_t i = 1; i < n; ++i)
+      if (args[i][j] != args[0][j]) {
+        mask[j] = 'p';
+        break;
+      }
+  EncodedBatch b;
+  b.args.reserve(4 + na + n * na);
+  b.args.push_back(std::to_string(n));
+  b.args.push_back(std::to_string(nk));
+  b.args.push_back(std::to_string(na));
+  b.args.push_back(mask);
+  for (std::size_t j = 0; j < na; ++j)
+    if (mask[j] == 's') b.args.push_back(std::move(args[0][j]));
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < na; ++j)
+      if (mask[j] == 'p') b.args.push_back(std::move(args[i][j]));
+  b.keys.reserve(n * nk);
+  for (auto& k : keys) b.keys.insert(b.keys.end(), std::make_move_iterator(k.begin()), std::make_move_iterator(k.end()));
+  return b;
+}
+
 void ScriptBatcher::flush() {
   std::vector<Call> all;
   all.swap(pending_);
-  // Calls that differ in their options (a deadline, fail-if-down) go apart:
-  // a batch has one of each.
-  std::vector<Call> batch;
+  // A batch has one set of options (a deadline, fail-if-down) and one shape
+  // (key and argument counts: batch_layout.lua's); calls that differ go in
+  // another. Calls made together were concurrent, so regrouping them keeps
+  // an order their callers could have seen.
+  std::vector<std::vector<Call>> groups;
+  auto same = [](const Call& a, const Call& b) {
+    return a.opts.fail_if_down == b.opts.fail_if_down && a.opts.timeout == b.opts.timeout &&
+           a.keys.size() == b.keys.size() && a.args.size() == b.args.size();
+  };
   for (auto& c : all) {
-    if (!batch.empty() && (batch.size() == max_batch_ || batch.front().opts.fail_if_down != c.opts.fail_if_down ||
-                           batch.front().opts.timeout != c.opts.timeout)) {
-      send(std::move(batch));
-      batch.clear();
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return same(x.front(), c); });
+    if (g == groups.end()) {
+      groups.emplace_back();
+      g = std::prev(groups.end());
     }
-    batch.push_back(std::move(c));
+    g->push_back(std::move(c));
+    if (g->size() == max_batch_) {
+      send(std::move(*g));
+      groups.erase(g);
+    }
   }
-  if (!batch.empty()) send(std::move(batch));
+  for (auto& g : groups) send(std::move(g));
 }
 
 void ScriptBatcher::send(std::vector<Call> batch) {
@@ -119,20 +162,19 @@ void ScriptBatcher::send(std::vector<Call> batch) {
   }
   const std::size_t n = batch.size();
   opts.weight = static_cast<std::uint32_t>(n);
-  std::vector<std::string> keys, args;
-  args.reserve(1 + 2 * n);
-  args.push_back(std::to_string(n));
-  for (const auto& c : batch) args.push_back(std::to_string(c.keys.size()));
-  for (const auto& c : batch) args.push_back(std::to_string(c.args.size()));
+  std::vector<std::vector<std::string>> keys, args;
   std::vector<redis::Completion> dones;
+  keys.reserve(n);
+  args.reserve(n);
   dones.reserve(n);
   for (auto& c : batch) {
-    keys.insert(keys.end(), std::make_move_iterator(c.keys.begin()), std::make_move_iterator(c.keys.end()));
-    args.insert(args.end(), std::make_move_iterator(c.args.begin()), std::make_move_iterator(c.args.end()));
+    keys.push_back(std::move(c.keys));
+    args.push_back(std::move(c.args));
     dones.push_back(std::move(c.done));
   }
+  auto encoded = encode_batch(std::move(keys), std::move(args));
   client_.async_eval(
-      many_, std::move(keys), std::move(args),
+      many_, std::move(encoded.keys), std::move(encoded.args),
       [dones = std::move(dones)](std::error_code ec, redis::Reply r) mutable {
         if (!ec && (!r.is_array() || r.elements.size() != dones.size())) {
           ec = make_error_code(errc::protocol_error);

@@ -21,6 +21,15 @@ const redis::Script& finish_script();
 const redis::Script& claim_many_script();
 const redis::Script& finish_many_script();
 
+// Calls of one shape (as many keys, as many arguments each) as the one call
+// of a `many` script, in the layout scripts/batch_layout.lua reads: an
+// argument every call has the same is sent once. Throws invalid_argument for
+// no calls or calls of different shapes.
+struct EncodedBatch {
+  std::vector<std::string> keys, args;
+};
+EncodedBatch encode_batch(std::vector<std::vector<std::string>> keys, std::vector<std::vector<std::string>> args);
+
 // Gathers the calls of one script made in one turn of the client's event
 // loop, and sends them as one call of its `many` form: one request, one
 // reply, and on the server one script run that makes the common case's

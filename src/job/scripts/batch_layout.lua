@@ -1,15 +1,21 @@
 -- Where each call's keys and arguments are in a batch of calls
--- (claim_many.lua, finish_many.lua); composed before them as
--- batch_layout(KEYS, ARGV).
--- ARGV: 1 n, the calls; 2..n+1 each call's key count; n+2..2n+1 each call's
---       argument count; then every call's arguments, in call order.
+-- (claim_many.lua, finish_many.lua; written by ScriptBatcher::encode in
+-- src/job/fused.cpp); composed before them as batch_layout(KEYS, ARGV).
+-- Every call of a batch has the same number of keys and of arguments.
+-- ARGV: 1 n, the calls; 2 their key count; 3 their argument count; 4 a mask
+--       with one character per argument position, 's' when every call has
+--       the same value there (sent once), 'p' when not; then the shared
+--       values, in position order; then each call's own ('p') values, call
+--       by call.
 -- KEYS: every call's keys, in call order.
--- Returns n; each call's first key's and first argument's index; its key
--- and argument counts; parts(i), call i's own KEYS and ARGV as tables; and
--- num, tonumber remembered.
--- num(s) is tonumber(s) remembered for the call: a batch's counts, TTLs and
--- retentions repeat, and tonumber is a strtod on the server (about 500
--- instructions; a batch of 16 would make some 80 of them).
+-- Why shared values: each argument is a string the server parses, copies and
+-- makes a Lua string, about 1,000 instructions; a guarded job's claim and
+-- finish carry 21, of which 12 are the same for every job (TTLs, retention,
+-- flags; callgrind, docs/bench.md).
+-- Returns n; nk; na; key(i, j), call i's j-th key; arg(i, j), its j-th
+-- argument; parts(i), its own KEYS and ARGV as tables; and num, tonumber
+-- remembered for the call (a batch's counts and TTLs repeat, and tonumber is
+-- a strtod on the server).
 local memo = {}
 local function num(s)
   local v = memo[s]
@@ -19,21 +25,29 @@ local function num(s)
   end
   return v
 end
-local n = tonumber(ARGV[1])
-local kat, aat, nk, na = {}, {}, {}, {}
-local k, a = 1, 2 * n + 2
-for i = 1, n do
-  nk[i] = num(ARGV[1 + i])
-  na[i] = num(ARGV[1 + n + i])
-  kat[i] = k
-  aat[i] = a
-  k = k + nk[i]
-  a = a + na[i]
+local n, nk, na, mask = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+-- shared[j]: the value every call has at j; at[j]: else where position j of
+-- call 1 is (call i's is at[j] + (i - 1) * np).
+local shared, at = {}, {}
+local s, np = 5, 0
+for j = 1, na do
+  if string.byte(mask, j) == 115 then -- 's'
+    shared[j] = ARGV[s]
+    s = s + 1
+  else
+    np = np + 1
+    at[j] = np
+  end
 end
+for j = 1, na do
+  if at[j] then at[j] = at[j] + s - 1 end
+end
+local function key(i, j) return KEYS[(i - 1) * nk + j] end
+local function arg(i, j) return shared[j] or ARGV[at[j] + (i - 1) * np] end
 local function parts(i)
   local ks, as = {}, {}
-  for j = 1, nk[i] do ks[j] = KEYS[kat[i] + j - 1] end
-  for j = 1, na[i] do as[j] = ARGV[aat[i] + j - 1] end
+  for j = 1, nk do ks[j] = KEYS[(i - 1) * nk + j] end
+  for j = 1, na do as[j] = arg(i, j) end
   return ks, as
 end
-return n, kat, aat, nk, na, parts, num
+return n, nk, na, key, arg, parts, num

@@ -13,30 +13,31 @@
 -- common ones go first. Their checks read nothing another common one writes
 -- (each writes only its own lock; a second claim of the same lock is busy, as
 -- it would be after the first).
-local n, kat, aat, nk, na, parts = batch_layout(KEYS, ARGV)
+local n, nk, na, key, arg, parts, num = batch_layout(KEYS, ARGV)
 local out, common, look = {}, {}, {}
-for i = 1, n do
-  local x = aat[i]
-  if nk[i] == 4 and na[i] == 9 and ARGV[x + 2] == '0' and ARGV[x + 8] == 'defer' then
-    common[#common + 1] = i
-    look[#look + 1] = KEYS[kat[i] + 2]
-    look[#look + 1] = KEYS[kat[i] + 3]
+if nk == 4 and na == 9 then
+  for i = 1, n do
+    if arg(i, 3) == '0' and arg(i, 9) == 'defer' then
+      common[#common + 1] = i
+      look[#look + 1] = key(i, 3)
+      look[#look + 1] = key(i, 4)
+    end
   end
 end
 if #common > 0 and redis.call('EXISTS', unpack(look)) == 0 then
   -- acquire.lua's eviction check, one INFO for all.
   local ev
+  local granted = {1, -1, 'deferred'}
   for _, i in ipairs(common) do
-    local x = aat[i]
-    local want = ARGV[x + 3]
+    local want = arg(i, 4)
     if want ~= '' then
       ev = ev or tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')) or -1
-      if ev ~= tonumber(want) then out[i] = {-1, ev} end
+      if ev ~= num(want) then out[i] = {-1, ev} end
     end
     if not out[i] then
-      local lock = KEYS[kat[i]]
-      if redis.call('SET', lock, ARGV[x], 'NX', 'PX', ARGV[x + 1]) then
-        out[i] = {1, -1, 'deferred'}
+      local lock = key(i, 1)
+      if redis.call('SET', lock, arg(i, 1), 'NX', 'PX', arg(i, 2)) then
+        out[i] = granted
       else
         out[i] = {0, redis.call('PTTL', lock)}
       end

@@ -14,12 +14,14 @@
 -- could have seen: the common ones go first. Each holds its own lock, so
 -- their keys are apart (the record's and the key's names hold the lock's
 -- resource), and none reads what another writes.
-local n, kat, aat, nk, na, parts, num = batch_layout(KEYS, ARGV)
+local n, nk, na, key, arg, parts, num = batch_layout(KEYS, ARGV)
 local out, maybe, locks = {}, {}, {}
-for i = 1, n do
-  if nk[i] == 4 and na[i] == 12 and ARGV[aat[i] + 8] == 'deferred' then
-    maybe[#maybe + 1] = i
-    locks[#locks + 1] = KEYS[kat[i] + 1]
+if nk == 4 and na == 12 then
+  for i = 1, n do
+    if arg(i, 9) == 'deferred' then
+      maybe[#maybe + 1] = i
+      locks[#locks + 1] = key(i, 2)
+    end
   end
 end
 local common = {}
@@ -27,10 +29,10 @@ if #maybe > 0 then
   local held = redis.call('MGET', unpack(locks))
   local idem, waiters, dels = {}, {}, {}
   for j, i in ipairs(maybe) do
-    if held[j] == ARGV[aat[i]] then
+    if held[j] == arg(i, 1) then
       common[#common + 1] = i
-      idem[#idem + 1] = KEYS[kat[i] + 3]
-      waiters[#waiters + 1] = KEYS[kat[i] + 2]
+      idem[#idem + 1] = key(i, 4)
+      waiters[#waiters + 1] = key(i, 3)
       dels[#dels + 1] = locks[j]
     end
   end
@@ -40,9 +42,8 @@ if #maybe > 0 then
     if redis.call('EXISTS', unpack(waiters)) ~= 0 then
       -- release.lua's default-mode wake, for each lock that has a line.
       for _, i in ipairs(common) do
-        local x = aat[i]
-        local w = redis.call('ZPOPMIN', KEYS[kat[i] + 2])
-        if w[1] then redis.call(ARGV[x + 7] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[x + 1], 'wake ' .. w[1]) end
+        local w = redis.call('ZPOPMIN', key(i, 3))
+        if w[1] then redis.call(arg(i, 8) == '1' and 'SPUBLISH' or 'PUBLISH', arg(i, 2), 'wake ' .. w[1]) end
       end
     end
     local t = redis.call('TIME')
@@ -50,15 +51,15 @@ if #maybe > 0 then
     local now = string.format('%d', now_ms)
     local done = {1, 1, 1}
     for _, i in ipairs(common) do
-      local x, y = aat[i], kat[i]
-      local since = now_ms - num(ARGV[x + 10])
-      redis.call('SET', KEYS[y + 3], idem_value('completed', ARGV[x + 9], ARGV[x + 5], string.format('%d', since),
-                                                string.format('%d', since + num(ARGV[x + 11])), now, ARGV[x + 3]),
-                 'PX', ARGV[x + 6])
-      if num(ARGV[x + 4]) > 0 then
-        redis.call('SET', KEYS[y], record_value(now, ARGV[x + 2], ARGV[x + 3]), 'PX', ARGV[x + 4])
+      local since = now_ms - num(arg(i, 11))
+      local result, keep = arg(i, 4), arg(i, 5)
+      redis.call('SET', key(i, 4), idem_value('completed', arg(i, 10), arg(i, 6), string.format('%d', since),
+                                              string.format('%d', since + num(arg(i, 12))), now, result),
+                 'PX', arg(i, 7))
+      if num(keep) > 0 then
+        redis.call('SET', key(i, 1), record_value(now, arg(i, 3), result), 'PX', keep)
       else
-        redis.call('SET', KEYS[y], record_value(now, ARGV[x + 2], ARGV[x + 3]))
+        redis.call('SET', key(i, 1), record_value(now, arg(i, 3), result))
       end
       out[i] = done
     end

@@ -86,14 +86,24 @@ class FusedBatch : public test::RedisTest {
     ASSERT_EQ(singles.size(), batched.size());
     std::vector<std::string> want;
     for (auto& c : singles) want.push_back(normal(client_->eval(one, c.keys, c.args), a));
-    std::vector<std::string> keys, args{std::to_string(batched.size())};
-    for (auto& c : batched) args.push_back(std::to_string(c.keys.size()));
-    for (auto& c : batched) args.push_back(std::to_string(c.args.size()));
-    for (auto& c : batched) {
-      keys.insert(keys.end(), c.keys.begin(), c.keys.end());
-      args.insert(args.end(), c.args.begin(), c.args.end());
+    // By shape, as the batcher sends them (one shape a batch).
+    std::map<std::pair<std::size_t, std::size_t>, std::vector<std::size_t>> shapes;
+    for (std::size_t i = 0; i < batched.size(); ++i) shapes[{batched[i].keys.size(), batched[i].args.size()}].push_back(i);
+    redis::Reply r;
+    r.type = redis::Reply::Type::array;
+    r.elements.resize(batched.size());
+    for (const auto& [shape, calls] : shapes) {
+      std::vector<std::vector<std::string>> keys, args;
+      for (auto i : calls) {
+        keys.push_back(batched[i].keys);
+        args.push_back(batched[i].args);
+      }
+      auto encoded = job::detail::encode_batch(keys, args);
+      auto part = client_->eval(many, encoded.keys, encoded.args);
+      ASSERT_TRUE(part.is_array()) << redis::to_debug_string(part);
+      ASSERT_EQ(part.elements.size(), calls.size()) << redis::to_debug_string(part);
+      for (std::size_t j = 0; j < calls.size(); ++j) r.elements[calls[j]] = std::move(part.elements[j]);
     }
-    auto r = client_->eval(many, keys, args);
     ASSERT_TRUE(r.is_array()) << redis::to_debug_string(r);
     ASSERT_EQ(r.elements.size(), want.size()) << redis::to_debug_string(r);
     for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(normal(r.elements[i], b), want[i]) << "call " << i;
@@ -221,12 +231,12 @@ class Batcher : public test::RedisTest {
   std::unique_ptr<redis::Client> client_;
 };
 
-// `one` answers "one:<arg>", `many` "many:<arg>" per call (its layout as
-// claim_many.lua's).
-const redis::Script kOne{"return 'one:' .. ARGV[1]"};
-const redis::Script kMany{R"(local n = tonumber(ARGV[1])
+// `one` answers "one:<arg>", `many` "many:<arg>:<key>" per call, for calls
+// of one key and one argument (batch_layout.lua's layout).
+const redis::Script kOne{"return 'one:' .. ARGV[1] .. (KEYS[2] and ':2' or '')"};
+const redis::Script kMany{R"(local n, nk, mask = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4]
 local out = {}
-for i = 1, n do out[i] = 'many:' .. ARGV[1 + 2 * n + i] .. ':' .. KEYS[i] end
+for i = 1, n do out[i] = 'many:' .. (mask == 's' and ARGV[5] or ARGV[4 + i]) .. ':' .. KEYS[(i - 1) * nk + 1] .. ':' .. nk end
 return out)"};
 
 TEST_F(Batcher, CallsOfOneTurnGoAsOneScriptCallEachWithItsOwnReply) {
@@ -235,7 +245,7 @@ TEST_F(Batcher, CallsOfOneTurnGoAsOneScriptCallEachWithItsOwnReply) {
   ASSERT_EQ(got.size(), 10u);
   for (int i = 0; i < 10; ++i) {
     EXPECT_FALSE(got[i].first) << got[i].first.message();
-    EXPECT_EQ(got[i].second.str, fmt::format("many:v{}:{}", i, key(fmt::format("k{}", i))));
+    EXPECT_EQ(got[i].second.str, fmt::format("many:v{}:{}:1", i, key(fmt::format("k{}", i))));
   }
   EXPECT_EQ(b->sent(), 1u);
   EXPECT_EQ(b->carried(), 10u);
@@ -261,10 +271,43 @@ TEST_F(Batcher, ABatchIsAtMostMaxAndCallsWithOtherOptionsGoApart) {
   EXPECT_EQ(b->sent(), 3u);  // 4 + 4 + 2
   redis::CallOptions quick;
   quick.fail_if_down = true;
-  got = call(*b, 4, {redis::CallOptions{}, quick});  // alternating: four runs of one
+  got = call(*b, 4, {redis::CallOptions{}, quick});  // alternating: a batch of two each
   ASSERT_EQ(got.size(), 4u);
-  for (const auto& g : got) EXPECT_EQ(g.second.str.substr(0, 4), "one:") << g.second.str;
-  EXPECT_EQ(b->sent(), 7u);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(got[i].second.str, fmt::format("many:v{}:{}:1", i, key(fmt::format("k{}", i)))) << i;
+  EXPECT_EQ(b->sent(), 5u);
+}
+
+// batch_layout.lua has one shape a batch: calls with more keys or arguments
+// go in their own.
+TEST_F(Batcher, CallsOfAnotherShapeGoApart) {
+  auto b = std::make_shared<job::detail::ScriptBatcher>(*client_, kOne, kMany, 16);
+  std::vector<std::promise<redis::Reply>> ps(5);
+  boost::asio::post(client_->get_executor(), [&] {
+    for (int i = 0; i < 5; ++i) {
+      std::vector<std::string> keys{key(fmt::format("k{}", i))};
+      if (i % 2 == 1) keys.push_back(key("second"));
+      b->async_eval(std::move(keys), {fmt::format("v{}", i)},
+                    [&ps, i](std::error_code, redis::Reply r) { ps[i].set_value(std::move(r)); });
+    }
+  });
+  for (int i = 0; i < 5; ++i) {
+    auto r = ps[i].get_future().get();
+    EXPECT_EQ(r.str, fmt::format("many:v{}:{}:{}", i, key(fmt::format("k{}", i)), i % 2 == 1 ? 2 : 1)) << i;
+  }
+  EXPECT_EQ(b->sent(), 2u);
+  EXPECT_EQ(b->carried(), 5u);
+}
+
+TEST(EncodeBatch, AnArgumentEveryCallHasTheSameGoesOnceTheRestCallByCall) {
+  auto e = job::detail::encode_batch({{"a1", "a2"}, {"b1", "b2"}, {"c1", "c2"}},
+                                     {{"t1", "30000", "x"}, {"t2", "30000", "y"}, {"t3", "30000", "x"}});
+  EXPECT_EQ(e.keys, (std::vector<std::string>{"a1", "a2", "b1", "b2", "c1", "c2"}));
+  EXPECT_EQ(e.args, (std::vector<std::string>{"3", "2", "3", "psp", "30000", "t1", "x", "t2", "y", "t3", "x"}));
+  auto all = job::detail::encode_batch({{"a"}, {"b"}}, {{"v", "w"}, {"v", "w"}});
+  EXPECT_EQ(all.args, (std::vector<std::string>{"2", "1", "2", "ss", "v", "w"}));
+  EXPECT_THROW(job::detail::encode_batch({{"a"}, {"b", "c"}}, {{"v"}, {"v"}}), Error);
+  EXPECT_THROW(job::detail::encode_batch({}, {}), Error);
 }
 
 TEST_F(Batcher, AFullBatchGoesAtOnceTheRestAtTheEndOfTheTurn) {
