@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/compare.sh [--seconds S] [--workers N] [--rounds R] [--connections "1 2"] [--peers]
-# bench/compare.sh --jobs M [--concurrency 1,64]
+# bench/compare.sh --jobs M [--concurrency 1,64] [--rounds R]
 # One sitting, one private redis-server pinned to core 0, every client pinned to
 # core 1, measured back to back:
 #   1. redis-benchmark -c N -P 1 SET (the single-client-core wall),
@@ -12,16 +12,19 @@
 # With --jobs M instead: the job path in one sitting, same pinning: jobguard
 # bench --jobs (the stream worker, guarded, beside bare XREADGROUP + XACK) and
 # the BullMQ peer (bench/peers/bullmq-bench.js) on the same M jobs per
-# concurrency, and the ratios guarded/BullMQ and guarded/bare.
+# concurrency, and the ratios guarded/BullMQ and guarded/bare. With --rounds R
+# the two alternate R times (the server emptied before each), and the ratios
+# of every round are printed with their median: on a shared 2-core host one
+# pair's ratio moves by half either way within minutes (docs/bench.md).
 # Prints one JSON object with every figure and the ratios the issues quote.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-seconds=3 workers=64 peers=0 rounds=3 conns="1 2" jobs=0 concurrency=1,64
+seconds=3 workers=64 peers=0 rounds=3 rounds_set=0 conns="1 2" jobs=0 concurrency=1,64
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
+    --rounds) rounds=$2; rounds_set=1; shift 2 ;;
     --connections) conns=$2; shift 2 ;;
     --peers) peers=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
@@ -49,22 +52,38 @@ fresh() {
 fresh
 if [ "$jobs" -gt 0 ]; then
   bash "$root/bench/peers/install.sh" >/dev/null
-  jg_jobs=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency")
-  fresh
-  bull=$(cd "$root/bench/peers" && taskset -c 1 node bullmq-bench.js --redis "$url" --jobs "$jobs" --concurrency "$concurrency" --json)
-  python3 - "$jg_jobs" "$bull" <<'PY'
-import json, sys
-jg, bull = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-ratios = {}
-for g, b, bm in zip(jg["runs"], jg["bare_runs"], bull["runs"]):
-    c = g["concurrency"]
-    ratios[f"concurrency_{c}"] = {"guarded_vs_bullmq": g["jobs_per_s"] / bm["jobs_per_s"],
-                                  "guarded_vs_bare": g["jobs_per_s"] / b["jobs_per_s"]}
-    # The server's CPU per job, BullMQ's over guarded: what jobs/s come to
-    # when the server is the bottleneck, without the run-to-run noise.
-    if g.get("server_us_per_job") and bm.get("server_us_per_job"):
-        ratios[f"concurrency_{c}"]["bullmq_vs_guarded_server_us_per_job"] = bm["server_us_per_job"] / g["server_us_per_job"]
-print(json.dumps({"jobguard": jg, "bullmq": bull, "ratios": ratios}, indent=1))
+  [ "$rounds_set" = 1 ] || rounds=1
+  pairs=()
+  for _ in $(seq "$rounds"); do
+    jg_jobs=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency")
+    fresh
+    bull=$(cd "$root/bench/peers" && taskset -c 1 node bullmq-bench.js --redis "$url" --jobs "$jobs" --concurrency "$concurrency" --json)
+    fresh
+    pairs+=("$jg_jobs" "$bull")
+  done
+  python3 - "${pairs[@]}" <<'PY'
+import json, statistics, sys
+def sitting(jg, bull):
+    ratios = {}
+    for g, b, bm in zip(jg["runs"], jg["bare_runs"], bull["runs"]):
+        c = g["concurrency"]
+        ratios[f"concurrency_{c}"] = {"guarded_vs_bullmq": g["jobs_per_s"] / bm["jobs_per_s"],
+                                      "guarded_vs_bare": g["jobs_per_s"] / b["jobs_per_s"]}
+        # The server's CPU per job, BullMQ's over guarded: what jobs/s come to
+        # when the server is the bottleneck, without the run-to-run noise.
+        if g.get("server_us_per_job") and bm.get("server_us_per_job"):
+            ratios[f"concurrency_{c}"]["bullmq_vs_guarded_server_us_per_job"] = bm["server_us_per_job"] / g["server_us_per_job"]
+    return {"jobguard": jg, "bullmq": bull, "ratios": ratios}
+args = [json.loads(a) for a in sys.argv[1:]]
+rounds = [sitting(args[i], args[i + 1]) for i in range(0, len(args), 2)]
+if len(rounds) == 1:
+    print(json.dumps(rounds[0], indent=1))
+    sys.exit(0)
+median = {}
+for c, r in rounds[0]["ratios"].items():
+    median[c] = {k: statistics.median(x["ratios"][c][k] for x in rounds) for k in r}
+print(json.dumps({"rounds": rounds, "ratios_by_round": [x["ratios"] for x in rounds], "ratios_median": median},
+                 indent=1))
 PY
   exit 0
 fi
