@@ -186,6 +186,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     sentinel_timer_.cancel();
     close_socket();
     mux_.fail_all(make_error_code(errc::shutdown), fmt::format("client closed; call to {} abandoned", where_));
+    // A probe's questions hold the probe (their `drop` closes it), so a probe
+    // whose questions are still queued when the loop stops would keep itself
+    // alive for good: closed here, its questions fail, and it is freed.
+    // (ask_sentinel does nothing more once we are closed.)
+    auto probes = std::move(probes_);
+    for (auto& w : probes)
+      if (auto p = w.lock()) p->close();
   }
 
  private:
@@ -261,6 +268,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                               std::make_shared<SharedStats>());
     probe->set_probe();
     probe->start();
+    std::erase_if(probes_, [](const std::weak_ptr<Connection>& w) { return w.expired(); });
+    probes_.push_back(probe);
     auto self = shared_from_this();
     auto found = std::make_shared<std::optional<SentinelOptions::Address>>();
     auto drop = [this, probe] { asio::post(ctx_, [probe] { probe->close(); }); };
@@ -710,6 +719,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string target_host_;                          // what connect_host() dials
   std::uint16_t target_port_ = 0;
   bool probe_ = false;
+  // The sentinel probes asked (ask_sentinel), to close with us.
+  std::vector<std::weak_ptr<Connection>> probes_;
   std::chrono::milliseconds sweep_tick_;
   State state_ = State::disconnected;
   std::uint64_t generation_ = 0;  // bumps on every (re)connect: stale handlers ignore themselves
