@@ -1,7 +1,8 @@
 -- How an idempotency key and a completion record are stored: one string
 -- each, written with one SET … PX. Composed before every script that reads or
--- writes them (src/guard/scripts.hpp, with_stored_format), so there is one
--- reader and one writer of each format.
+-- writes them (src/guard/scripts.hpp, with_stored_format), so the scripts
+-- have one reader and one writer of each format. (The record's find reads it
+-- too, in C++: src/guard/completion.cpp, parse_find, for a plain GET.)
 -- Why strings: as hashes each write was HSET + PEXPIRE, two of the five
 -- commands a guarded job's scripts make, and every redis.call is a good part
 -- of the job's cost on the server (docs/bench.md).
