@@ -13,9 +13,11 @@
 -- finish carry 21, of which 12 are the same for every job (TTLs, retention,
 -- flags; callgrind, docs/bench.md).
 -- Returns n; nk; na; key(i, j), call i's j-th key; arg(i, j), its j-th
--- argument; parts(i), its own KEYS and ARGV as tables; and num, tonumber
+-- argument; parts(i), its own KEYS and ARGV as tables; num, tonumber
 -- remembered for the call (a batch's counts and TTLs repeat, and tonumber is
--- a strtod on the server).
+-- a strtod on the server); and shared, at, np, which arg(i, j) reads:
+-- call i's j-th argument is shared[j] or ARGV[at[j] + (i - 1) * np], for a
+-- loop over many calls to read without a function call each time.
 local memo = {}
 local function num(s)
   local v = memo[s]
@@ -50,4 +52,4 @@ local function parts(i)
   for j = 1, na do as[j] = arg(i, j) end
   return ks, as
 end
-return n, nk, na, key, arg, parts, num
+return n, nk, na, key, arg, parts, num, shared, at, np

@@ -13,14 +13,17 @@
 -- common ones go first. Their checks read nothing another common one writes
 -- (each writes only its own lock; a second claim of the same lock is busy, as
 -- it would be after the first).
-local n, nk, na, key, arg, parts, num = batch_layout(KEYS, ARGV)
+-- Arguments are read inline, as finish_many.lua says why.
+local n, nk, na, _, _, parts, num, sh, at, np = batch_layout(KEYS, ARGV)
 local out, common, look = {}, {}, {}
 if nk == 4 and na == 9 then
+  local s3, a3, s9, a9 = sh[3], at[3], sh[9], at[9]
   for i = 1, n do
-    if arg(i, 3) == '0' and arg(i, 9) == 'defer' then
+    local o = (i - 1) * np
+    if (s3 or ARGV[a3 + o]) == '0' and (s9 or ARGV[a9 + o]) == 'defer' then
       common[#common + 1] = i
-      look[#look + 1] = key(i, 3)
-      look[#look + 1] = key(i, 4)
+      look[#look + 1] = KEYS[(i - 1) * 4 + 3]
+      look[#look + 1] = KEYS[(i - 1) * 4 + 4]
     end
   end
 end
@@ -28,15 +31,17 @@ if #common > 0 and redis.call('EXISTS', unpack(look)) == 0 then
   -- acquire.lua's eviction check, one INFO for all.
   local ev
   local granted = {1, -1, 'deferred'}
+  local s1, a1, s2, a2, s4, a4 = sh[1], at[1], sh[2], at[2], sh[4], at[4]
   for _, i in ipairs(common) do
-    local want = arg(i, 4)
+    local o = (i - 1) * np
+    local want = s4 or ARGV[a4 + o]
     if want ~= '' then
       ev = ev or tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')) or -1
       if ev ~= num(want) then out[i] = {-1, ev} end
     end
     if not out[i] then
-      local lock = key(i, 1)
-      if redis.call('SET', lock, arg(i, 1), 'NX', 'PX', arg(i, 2)) then
+      local lock = KEYS[(i - 1) * 4 + 1]
+      if redis.call('SET', lock, s1 or ARGV[a1 + o], 'NX', 'PX', s2 or ARGV[a2 + o]) then
         out[i] = granted
       else
         out[i] = {0, redis.call('PTTL', lock)}

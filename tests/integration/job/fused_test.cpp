@@ -197,6 +197,64 @@ TEST_F(FusedBatch, FinishesWhereAKeyExistsAnswerAsOneByOne) {
       });
 }
 
+// What expect_batch_is_the_singles cannot see (it shows times and TTLs by
+// kind): in a batch of common finishes whose times, retentions and values
+// all differ, each key and record holds its own call's, read at its own
+// argument positions (finish_many.lua reads them inline, not by arg(i, j)).
+TEST_F(FusedBatch, EachCommonFinishInABatchWritesItsOwnTimesRetentionsAndValues) {
+  const std::string p = key("own:");
+  struct Want {
+    std::int64_t ms_since_claim, lease, record_keep, key_keep;
+  };
+  const std::vector<Want> want{{10, 30000, 600000, 500000}, {100000, 60000, 300000, 400000}, {250000, 90000, 0, 200000}};
+  std::vector<std::vector<std::string>> keys, args;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const std::string unit = fmt::format("u{}", i), token = fmt::format("t{}", i);
+    run(redis::Command{"SET", p + "lock:{" + unit + "}", token, "PX", "30000"});
+    Call c = finish(p, unit, token);
+    c.args[2] = fmt::format("worker-{}", i);
+    c.args[4] = std::to_string(want[i].record_keep);
+    c.args[6] = std::to_string(want[i].key_keep);
+    c.args[10] = std::to_string(want[i].ms_since_claim);
+    c.args[11] = std::to_string(want[i].lease);
+    keys.push_back(c.keys);
+    args.push_back(c.args);
+  }
+  auto encoded = job::detail::encode_batch(keys, args);
+  const auto r = client_->eval(job::detail::finish_many_script(), encoded.keys, encoded.args);
+  ASSERT_TRUE(r.is_array()) << redis::to_debug_string(r);
+  ASSERT_EQ(r.elements.size(), want.size());
+  const auto t = run(redis::Command{"TIME"});
+  const std::int64_t now = std::stoll(t.elements[0].str) * 1000 + std::stoll(t.elements[1].str) / 1000;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(fmt::format("call {}", i));
+    EXPECT_EQ(redis::to_debug_string(r.elements[i]), "[(integer) 1, (integer) 1, (integer) 1]");
+    const std::string unit = fmt::format("u{}", i);
+    const auto k = run(redis::Command{"GET", p + "idem:" + unit}).str;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(k, m, std::regex("i1 completed ([0-9]+) ([0-9]+) ([0-9]+)\n(.*)", std::regex::extended)))
+        << k;
+    const std::int64_t since = std::stoll(m[1]), lease_until = std::stoll(m[2]), done = std::stoll(m[3]);
+    // The claim was this call's ms before the finish, which was just now.
+    EXPECT_NEAR(static_cast<double>(now - since), static_cast<double>(want[i].ms_since_claim), 5000.0);
+    EXPECT_EQ(lease_until - since, want[i].lease);
+    EXPECT_EQ(m[4].str(), fmt::format("fp-{}\nowner-t{}\nresult-{}", unit, i, unit));
+    EXPECT_EQ(run(redis::Command{"GET", p + "done:" + unit}).str,
+              fmt::format("r1 {}\nworker-{}\nresult-{}", done, i, unit));
+    const auto key_ttl = run(redis::Command{"PTTL", p + "idem:" + unit}).integer;
+    EXPECT_GT(key_ttl, want[i].key_keep - 5000);
+    EXPECT_LE(key_ttl, want[i].key_keep);
+    const auto record_ttl = run(redis::Command{"PTTL", p + "done:" + unit}).integer;
+    if (want[i].record_keep == 0) {
+      EXPECT_EQ(record_ttl, -1);  // kept for ever
+    } else {
+      EXPECT_GT(record_ttl, want[i].record_keep - 5000);
+      EXPECT_LE(record_ttl, want[i].record_keep);
+    }
+    EXPECT_EQ(run(redis::Command{"EXISTS", p + "lock:{" + unit + "}"}).integer, 0);
+  }
+}
+
 // The batcher: calls made in one turn of the loop go as one script call;
 // one call alone goes as the single script; an error reaches every caller.
 class Batcher : public test::RedisTest {
