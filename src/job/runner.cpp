@@ -160,7 +160,9 @@ struct GuardedRunner::Fused {
 };
 
 struct GuardedRunner::FusedClaim {
-  enum Kind { granted, done, busy, fallback } kind = fallback;
+  // granted_unchecked: the plain claim's grant while the record or the key
+  // exists (a unit delivered again): held, and read under it step by step.
+  enum Kind { granted, granted_unchecked, done, busy, fallback } kind = fallback;
   std::string result;        // done: the recorded result
   std::optional<Lock> lock;  // granted
   // granted with a key: what its claim found (claimed: `owner` is ours)
@@ -577,7 +579,7 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   }
 
   // Phase 2: claim.
-  if (fc.kind == FusedClaim::granted) {
+  if (fc.kind == FusedClaim::granted || fc.kind == FusedClaim::granted_unchecked) {
     hold(std::move(*fc.lock));
     a.idem_deferred = fc.deferred;
   } else {
@@ -658,6 +660,14 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
       c.args = {a.fingerprint, out.owner, std::to_string(lease.count()), fused_->idem_retention,
                 cls_.long_running ? "" : "defer"};
     }
+    // A unit's first run, the common claim, needs no script where the grant
+    // is a bare SET NX PX: the grant, then "neither the record nor the key
+    // exists" (composed.hpp, the plain form). A long-running class's key is
+    // written at the claim: the script.
+    if (!fused_->idempotency || !cls_.long_running) {
+      c.plain_checks = c.keys;
+      if (fused_->idempotency) c.plain_part = "deferred";
+    }
     res = co_await await_done<::jobguard::detail::ComposedResult>([&](auto done) {
       ::jobguard::detail::async_attempt_composed(
           leases_->service(), a.resource, lo, std::move(c),
@@ -682,7 +692,7 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
       out.begin = guard::RedisIdempotencyStore::parse_begin_reply(res.part);
     }
     if (res.status == S::granted) {
-      out.kind = FusedClaim::granted;
+      out.kind = res.found ? FusedClaim::granted_unchecked : FusedClaim::granted;
       out.lock = std::move(res.lock);
       co_return out;
     }

@@ -51,6 +51,19 @@ struct ComposedAttempt {
   std::function<void(std::vector<std::string> keys, std::vector<std::string> args, redis::Completion done,
                      redis::CallOptions opts)>
       eval;
+  // The plain form, for a caller whose check is "none of these keys exists"
+  // (the job runner's first run of a unit): where the grant is the bare
+  // SET NX PX (not fenced, on a server that does not evict), it is sent as
+  // that and `EXISTS plain_checks…` after it, back to back on one
+  // connection, instead of the script. Granted and none exists: granted,
+  // with `plain_part` as the caller's part (a string reply; nil when empty).
+  // Granted and one exists: granted with `found` set and no part; the caller
+  // reads what is there under the lock, as after an ordinary acquire. Busy:
+  // busy.
+  // Why it is safe to check after the grant, and what it saves:
+  // docs/lock-safety.md, "The plain claim". Empty: always the script.
+  std::vector<std::string> plain_checks;
+  std::string plain_part;
 };
 
 enum class ComposedStatus {
@@ -70,6 +83,7 @@ struct ComposedResult {
   std::optional<Lock> lock;  // granted
   redis::Reply part;         // the caller's part of the reply (nil when the script gave none)
   std::string token;         // the token the attempt used (its idempotency owner may derive from it)
+  bool found = false;        // granted by the plain form while a checked key exists (ComposedAttempt)
 };
 
 // `done` runs on the event loop, never inside this call. An Error when the

@@ -627,6 +627,46 @@ void Client::async_exec_confirmed(Command cmd, Confirm confirm, ConfirmedComplet
   impl_->submit_confirmed(st, std::move(cmd).take_payload());
 }
 
+void Client::async_exec_in_order(std::vector<Command> cmds, InOrderCompletion done, CallOptions opts) {
+  struct State {
+    std::vector<Reply> replies;
+    std::vector<std::error_code> ecs;
+    std::size_t left = 0;
+    InOrderCompletion done;
+  };
+  if (cmds.empty()) {
+    asio::post(*impl_->ctx, [done = std::move(done)] { done({}, {}); });
+    return;
+  }
+  auto st = std::make_shared<State>();
+  st->replies.resize(cmds.size());
+  st->ecs.resize(cmds.size());
+  st->left = cmds.size();
+  st->done = std::move(done);
+  const auto timeout = opts.timeout.count() > 0 ? opts.timeout : impl_->opts.command_timeout;
+  const auto deadline = Clock::now() + timeout;
+  std::vector<detail::Multiplexer::Request> rs(cmds.size());
+  for (std::size_t i = 0; i < cmds.size(); ++i) {
+    rs[i].payload = std::move(cmds[i]).take_payload();
+    rs[i].deadline = deadline;
+    // Every request of a connection completes once (its reply, its error or
+    // its deadline), so the last one to complete answers for all.
+    rs[i].done = [st, i](std::error_code ec, Reply r) {
+      st->ecs[i] = ec;
+      st->replies[i] = std::move(r);
+      if (--st->left > 0) return;
+      std::error_code first;
+      for (const auto& e : st->ecs)
+        if (e) {
+          first = e;
+          break;
+        }
+      st->done(first, std::move(st->replies));
+    };
+  }
+  impl_->submit_together(std::move(rs), opts);
+}
+
 namespace {
 template <class Keys, class Args>
 void eval_confirmed(const std::shared_ptr<Client::Impl>& impl, const Script& script, const Keys& keys, const Args& args,

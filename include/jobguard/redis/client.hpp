@@ -52,6 +52,10 @@ namespace jobguard::redis {
 // A plain error_code here, not an Error: this is the per-command hot path,
 // and the reply already carries the text.
 using Completion = std::function<void(std::error_code ec, Reply reply)>;
+// Client::async_exec_in_order's: `ec` is the first failed command's (clear
+// when all succeeded); `replies` holds every command's reply, in order (a
+// failed one's is its error reply, or empty when it never got one).
+using InOrderCompletion = std::function<void(std::error_code ec, std::vector<Reply> replies)>;
 
 struct CallOptions {
   // Zero = the client's command_timeout.
@@ -177,6 +181,15 @@ class Client {
   void async_eval_views_confirmed(const Script& script, std::initializer_list<std::string_view> keys,
                                   std::initializer_list<std::string_view> args, Confirm confirm,
                                   ConfirmedCompletion done, CallOptions opts = {});
+
+  // Several commands written back to back on one connection, so the server
+  // runs them in this order (a later one sees what an earlier one did). Not
+  // a transaction: other clients' commands may run between them, and a
+  // failure may leave any prefix of them run. `done` runs once every one has
+  // its reply or has failed. On a Redis Cluster they all go to the node that
+  // serves the first one's key, and a redirect is not followed (it is that
+  // command's error reply): for commands whose keys share a hash tag.
+  void async_exec_in_order(std::vector<Command> cmds, InOrderCompletion done, CallOptions opts = {});
 
   // Asio completion-token form: `co_await async_exec(client, cmd, use_awaitable)`
   // returns the Reply or throws jobguard::Error.

@@ -717,7 +717,7 @@ TEST_F(RunnerTest, OneCallFinishWakesTheLongestWaitingWaiterNotTheHerd) {
   services.clear();
 }
 
-TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
+TEST_F(RunnerTest, ModerateRunIsOneRoundTripToClaimAndOneToFinish) {
   // No state-gate recheck during the test: its check would be a command too.
   auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
   auto own = LeaseScheduler::create(svc);
@@ -764,7 +764,7 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   const auto ran_with = commands() - c0 - 2;  // less the effect's own GET and EXISTS
   auto s1 = server_calls();
   ASSERT_EQ(r.outcome, Outcome::completed) << r.detail;
-  EXPECT_EQ(ran_with, 2u) << "a claim and a finish";
+  EXPECT_EQ(ran_with, 3u) << "the claim's SET NX PX and EXISTS (no script: composed.hpp's plain form), the finish";
   auto delta = [&](const std::string& cmd) { return s1[cmd] - (s0.count(cmd) ? s0.at(cmd) : 0); };
   // A unit's first attempt: one EXISTS finds neither its record nor its key,
   // so the claim reads neither again and writes only the lock; the finish
@@ -792,28 +792,75 @@ TEST_F(RunnerTest, ModerateRunIsOneCallToClaimAndOneToFinish) {
   EXPECT_EQ(after.hold_seconds.count - before.hold_seconds.count, 1u);
   EXPECT_EQ(after.wait_seconds.count - before.wait_seconds.count, 1u);
 
-  // The retry of finished work: one call, nothing granted, nothing run.
-  c0 = commands();
+  // The retry of finished work: the plain claim is granted and its EXISTS
+  // finds the record, which is read under the lock; the lock is given back
+  // and nothing runs or is written.
+  const auto record_before = client->exec({"GET", done.key_for(cls_name(), "invoice:40", "r")}).str;
   auto again = runner.run({.id = "40", .run_id = "r"}, effect);
   EXPECT_EQ(again.outcome, Outcome::already_done);
   EXPECT_EQ(again.result, "ch_40");
-  EXPECT_EQ(commands() - c0, 1u);
   EXPECT_EQ(runs, 3);
-  EXPECT_EQ(metrics().acquisitions_total, after.acquisitions_total);
+  EXPECT_EQ(client->exec({"EXISTS", lock_key}).integer, 0) << "the grant was given back";
+  EXPECT_EQ(client->exec({"GET", done.key_for(cls_name(), "invoice:40", "r")}).str, record_before);
+  const auto again_m = metrics();
+  EXPECT_EQ(again_m.acquisitions_total - after.acquisitions_total, 1u);
+  EXPECT_EQ(again_m.releases_total - after.releases_total, 1u);
 
-  // Busy (try-once): one call, the other worker's lock and nothing else touched.
+  // Busy (try-once): one round trip (SET NX PX and EXISTS), the other
+  // worker's lock and nothing else touched.
   auto other = svc->acquire("invoice:41", LockOptions{.ttl = 5s});
   ASSERT_TRUE(other);
   c0 = commands();
   auto busy = runner.run({.id = "41", .run_id = "r"}, effect);
   EXPECT_EQ(busy.outcome, Outcome::busy);
   EXPECT_NE(busy.detail.find("invoice:41"), std::string::npos) << busy.detail;
-  EXPECT_EQ(commands() - c0, 1u);
+  EXPECT_EQ(commands() - c0, 2u);
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(client->exec({"EXISTS", "jobguard:idem:" + cls_name() + "/invoice:41/r"}).integer, 0)
       << "no key claimed without the lock";
   EXPECT_EQ(metrics().contended_total - after.contended_total, 1u);
   EXPECT_TRUE(other->release());
+}
+
+// The plain claim (SET NX PX, then EXISTS: composed.hpp) skips acquire.lua's
+// eviction check, so it is used only where the server does not evict: on a
+// server that does, a unit's first claim is the script again, which compares
+// evicted_keys with the gate's count in the same call as the grant.
+TEST_F(RunnerTest, OnAServerThatEvictsTheClaimIsTheScriptThatChecksEvictions) {
+  guard::RedisCompletionStore done(*client);
+  guard::RedisIdempotencyStore idem(*client);
+  auto script_runs = [&] {
+    const std::string text = client->exec({"INFO", "commandstats"}).str;
+    std::int64_t n = 0;
+    for (const std::string name : {"evalsha", "eval"}) {
+      const auto line = text.find("cmdstat_" + name + ":calls=");
+      if (line == std::string::npos) continue;
+      n += std::stoll(text.substr(line + name.size() + 15));
+      const auto failed = text.find("failed_calls=", line);
+      if (failed != std::string::npos) n -= std::stoll(text.substr(failed + 13));
+    }
+    return n;
+  };
+  // One unit through `svc`'s runner after two warm ones (the gate checked,
+  // the scripts loaded): the scripts the server ran for it.
+  auto scripts_for_one_run = [&](std::shared_ptr<LockService> svc, const std::string& tag) {
+    job::GuardedRunner runner(LeaseScheduler::create(svc), moderate_class(),
+                              {.completions = &done, .idempotency = &idem});
+    auto effect = [](job::JobContext&) { return std::string("ok"); };
+    for (const char* id : {"a", "b"})
+      EXPECT_EQ(runner.run({.id = tag + id, .run_id = "r"}, effect).outcome, Outcome::completed);
+    const auto before = script_runs();
+    EXPECT_EQ(runner.run({.id = tag + "c", .run_id = "r"}, effect).outcome, Outcome::completed);
+    return script_runs() - before;
+  };
+  auto service = [&] {
+    return LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
+  };
+  EXPECT_EQ(scripts_for_one_run(service(), "keep-"), 1) << "the finish; the claim is plain";
+  // Evicting, with room to spare: what matters is that it may evict.
+  client->exec({"CONFIG", "SET", "maxmemory", "1gb"});
+  client->exec({"CONFIG", "SET", "maxmemory-policy", "allkeys-lru"});
+  EXPECT_EQ(scripts_for_one_run(service(), "evict-"), 2) << "the claim's script and the finish";
 }
 
 // The finish finds the key taken over while the effect ran (its lease passed

@@ -86,6 +86,69 @@ TEST_F(RedisClient, ErrorReplyFailsOnlyItsOwnCallWithServerError) {
   EXPECT_EQ(good.get().integer, 1);
 }
 
+// async_exec_in_order: the commands go back to back on one connection, so
+// the server runs them in that order even where the client spreads calls
+// over several connections; each has its own reply.
+TEST_F(RedisClient, InOrderCommandsRunInTheirOrderOnOneOfSeveralConnections) {
+  auto o = options();
+  o.connections = 4;
+  Client c(o);
+  ASSERT_TRUE(eventually([&] { return c.stats().connected == 4; }));
+  constexpr int kSequences = 400;
+  std::vector<std::promise<std::pair<std::error_code, std::vector<Reply>>>> ps(kSequences);
+  for (int i = 0; i < kSequences; ++i) {
+    const std::string k = key("seq" + std::to_string(i));
+    c.async_exec_in_order({Command{"SET", k, "a"}, Command{"APPEND", k, "b"}, Command{"GET", k}},
+                          [&ps, i](std::error_code ec, std::vector<Reply> rs) { ps[i].set_value({ec, std::move(rs)}); });
+  }
+  int in_order = 0;
+  for (auto& p : ps) {
+    auto f = p.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    auto [ec, rs] = f.get();
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_EQ(rs.size(), 3u);
+    EXPECT_EQ(rs[0].str, "OK");
+    EXPECT_EQ(rs[1].integer, 2);
+    if (rs[2].str == "ab") ++in_order;
+  }
+  EXPECT_EQ(in_order, kSequences) << "a GET ran before the APPEND sent ahead of it";
+}
+
+TEST_F(RedisClient, InOrderCommandsReportTheFirstFailureWithEveryReply) {
+  auto c = make_client();
+  auto run = [&](std::vector<Command> cmds) {
+    std::promise<std::pair<std::error_code, std::vector<Reply>>> p;
+    c->async_exec_in_order(std::move(cmds),
+                           [&p](std::error_code ec, std::vector<Reply> rs) { p.set_value({ec, std::move(rs)}); });
+    auto f = p.get_future();
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    return f.get();
+  };
+  const std::string k = key("s");
+  auto [ec, rs] = run({Command{"SET", k, "text"}, Command{"INCR", k}, Command{"GET", k}});
+  EXPECT_EQ(ec, errc::server_error);
+  ASSERT_EQ(rs.size(), 3u);
+  EXPECT_EQ(rs[0].str, "OK");
+  EXPECT_TRUE(rs[1].is_error());
+  EXPECT_NE(rs[1].str.find("not an integer"), std::string::npos) << rs[1].str;
+  EXPECT_EQ(rs[2].str, "text") << "a failure does not stop the commands after it";
+  auto [none_ec, none] = run({});
+  EXPECT_FALSE(none_ec);
+  EXPECT_TRUE(none.empty());
+  // Nothing answers: every command fails at its deadline, and the call with them.
+  server->pause();
+  CallOptions co;
+  co.timeout = Ms(200);
+  std::promise<std::pair<std::error_code, std::vector<Reply>>> p;
+  c->async_exec_in_order({Command{"SET", k, "x"}, Command{"GET", k}},
+                         [&p](std::error_code e, std::vector<Reply> r) { p.set_value({e, std::move(r)}); }, co);
+  auto f = p.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(f.get().first);
+  server->resume();
+}
+
 TEST_F(RedisClient, CoroutineFormReturnsRepliesAndThrowsOnErrorReplies) {
   auto c = make_client();
   namespace asio = boost::asio;
