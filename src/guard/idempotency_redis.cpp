@@ -1,9 +1,8 @@
 #include <fmt/format.h>
-#include <openssl/rand.h>
-#include <unistd.h>
 
 #include <array>
 
+#include "common/identity.hpp"
 #include "guard/async_internal.hpp"
 #include "guard/scripts.hpp"
 #include "jobguard/error.hpp"
@@ -36,14 +35,17 @@ const char* to_string(BeginStatus s) noexcept {
 }
 
 std::string make_owner_token() {
+  // Made for every guarded job: from the pool of kernel randomness and the
+  // host and pid read once (common/identity.hpp), not a RAND_bytes, a
+  // gethostname and a getpid each time.
   std::array<unsigned char, 8> b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1)
-    throw Error(errc::invalid_argument, "RAND_bytes failed while making an owner token");
-  std::array<char, 256> host{};
-  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
-  std::string hex;
-  for (unsigned char c : b) hex += fmt::format("{:02x}", c);
-  return fmt::format("{}/{}/{}", host.data(), ::getpid(), hex);
+  jobguard::detail::random_bytes(b.data(), b.size());
+  const std::string& host = jobguard::detail::host_name();
+  std::string out;
+  out.reserve(host.size() + 32);
+  out.append(host).append(1, '/').append(std::to_string(jobguard::detail::process_id())).append(1, '/');
+  jobguard::detail::append_hex(out, b.data(), b.size());
+  return out;
 }
 
 namespace detail {
