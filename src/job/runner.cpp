@@ -160,9 +160,7 @@ struct GuardedRunner::Fused {
 };
 
 struct GuardedRunner::FusedClaim {
-  // granted_unchecked: the plain claim's grant while the record or the key
-  // exists (a unit delivered again): held, and read under it step by step.
-  enum Kind { granted, granted_unchecked, done, busy, fallback } kind = fallback;
+  enum Kind { granted, done, busy, fallback } kind = fallback;
   std::string result;        // done: the recorded result
   std::optional<Lock> lock;  // granted
   // granted with a key: what its claim found (claimed: `owner` is ours)
@@ -579,7 +577,7 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   }
 
   // Phase 2: claim.
-  if (fc.kind == FusedClaim::granted || fc.kind == FusedClaim::granted_unchecked) {
+  if (fc.kind == FusedClaim::granted) {
     hold(std::move(*fc.lock));
     a.idem_deferred = fc.deferred;
   } else {
@@ -692,7 +690,7 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
       out.begin = guard::RedisIdempotencyStore::parse_begin_reply(res.part);
     }
     if (res.status == S::granted) {
-      out.kind = res.found ? FusedClaim::granted_unchecked : FusedClaim::granted;
+      out.kind = FusedClaim::granted;
       out.lock = std::move(res.lock);
       co_return out;
     }

@@ -55,10 +55,10 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   const std::string ttl = std::to_string(opts.ttl.count());
   const bool plain = !c.plain_checks.empty() && !opts.fence && ticket->evicted.empty();
   // The reply as the script gives it ({status, fence or pttl, part}); the
-  // plain form's is made into one, with `found` for its grant where a
-  // checked key exists.
+  // plain form's is made into one (status 3: granted, but a checked key
+  // exists).
   auto on_reply = [self, gate, ticket, sent_at, resource, opts, token, done = std::move(done)](
-                      std::error_code ec, redis::Reply r, bool found = false) mutable {
+                      std::error_code ec, redis::Reply r) mutable {
     auto& m = self->class_metrics(opts.lock_class);
     const auto& client = self->client();
     const std::string key = self->keys().lock_key(resource);
@@ -82,6 +82,18 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
       gate->invalidate();  // evicted keys: the gate checks the server again
       return done(Error(), std::move(out));
     }
+    if (status == 3) {
+      // The plain form's grant while the record or the key exists (finished
+      // work delivered again, a run in progress elsewhere): handed back
+      // unused, as below, and the caller's ordinary path reads what is
+      // there. Sent before anything that path sends on the connection, the
+      // release runs first; on another connection its acquire may still
+      // find this grant and answer busy (the job comes back), never a
+      // second holder.
+      out.part = redis::Reply{};
+      self->async_release(resource, token, nullptr, false);
+      return done(Error(), std::move(out));
+    }
     if (status == 0) {
       out.status = ComposedStatus::busy;
       m.busy_total.inc();
@@ -103,7 +115,6 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
     m.wait_seconds.observe(self->clock().now() - sent_at);
     m.acquisitions_total.inc();
     out.status = ComposedStatus::granted;
-    out.found = found;
     out.lock = self->make_lock(std::move(resource), key, std::move(token), fence, opts, sent_at, ticket->epoch_for(key));
     done(Error(), std::move(out));
   };
@@ -147,7 +158,7 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
           return on_reply({}, std::move(r));
         }
         const bool granted = !rs[0].is_nil(), found = granted && rs[1].integer > 0;
-        r.elements.push_back(integer(granted ? 1 : 0));
+        r.elements.push_back(integer(found ? 3 : granted ? 1 : 0));
         r.elements.push_back(integer(-1));
         if (granted && !found && !part.empty()) {
           redis::Reply p;
@@ -155,7 +166,7 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
           p.str = std::move(part);
           r.elements.push_back(std::move(p));
         }
-        on_reply({}, std::move(r), found);
+        on_reply({}, std::move(r));
       },
       call);
 }

@@ -57,9 +57,9 @@ struct ComposedAttempt {
   // that and `EXISTS plain_checks…` after it, back to back on one
   // connection, instead of the script. Granted and none exists: granted,
   // with `plain_part` as the caller's part (a string reply; nil when empty).
-  // Granted and one exists: granted with `found` set and no part; the caller
-  // reads what is there under the lock, as after an ordinary acquire. Busy:
-  // busy.
+  // Granted and one exists: the grant is handed back unused (not counted, as
+  // a grant on an unchecked connection is) and the answer is fallback, for
+  // the caller's ordinary path to read what is there. Busy: busy.
   // Why it is safe to check after the grant, and what it saves:
   // docs/lock-safety.md, "The plain claim". Empty: always the script.
   std::vector<std::string> plain_checks;
@@ -83,7 +83,6 @@ struct ComposedResult {
   std::optional<Lock> lock;  // granted
   redis::Reply part;         // the caller's part of the reply (nil when the script gave none)
   std::string token;         // the token the attempt used (its idempotency owner may derive from it)
-  bool found = false;        // granted by the plain form while a checked key exists (ComposedAttempt)
 };
 
 // `done` runs on the event loop, never inside this call. An Error when the
