@@ -6,6 +6,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libhiredis-dev libboost1.81-dev libssl-dev libpq-dev libpqxx-dev
       libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
+      libjemalloc-dev   # the jobguard executable's malloc (CMakeLists.txt, JOBGUARD_JEMALLOC)
       redis-server redis-tools postgresql-15 openssl
       chromium   # the dashboard's browser test drives Debian's chromium (tests/browser)
       clang libclang-rt-14-dev)  # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)

@@ -24,6 +24,23 @@ TEST(CliMain, VersionNamesJobguardTheClientLibrariesAndTheBuildType) {
       << r.out;
 }
 
+TEST(CliMain, VersionNamesTheMallocTheBinaryRunsOn) {
+  auto r = run_jobguard({"--version"});
+  ASSERT_EQ(r.status, 0) << r.err;
+#if JOBGUARD_EXPECT_JEMALLOC
+  // Asked of the running process: jemalloc linked and answering, and counting
+  // the bytes of a malloc, so it is the malloc in use.
+  EXPECT_NE(r.out.find("\nmalloc: jemalloc 5."), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("not the malloc in use"), std::string::npos) << r.out;
+#elif defined(__SANITIZE_ADDRESS__)
+  EXPECT_NE(r.out.find("\nmalloc: AddressSanitizer's"), std::string::npos) << r.out;
+#elif defined(__SANITIZE_THREAD__)
+  EXPECT_NE(r.out.find("\nmalloc: ThreadSanitizer's"), std::string::npos) << r.out;
+#else
+  EXPECT_NE(r.out.find("\nmalloc: glibc 2."), std::string::npos) << r.out;
+#endif
+}
+
 TEST(CliMain, HelpListsEverySubcommandOfTheTableInItsOrder) {
   auto r = run_jobguard({"--help"});
   ASSERT_EQ(r.status, 0) << r.err;
