@@ -45,14 +45,20 @@ void enqueue(redis::Client& c, const std::string& stream, int count, const std::
   }
 }
 
+double cpu_seconds_self();
+
 // `server_s`: the server's CPU seconds during the phase (INFO cpu before and
 // after): on a host where the server is the limit, its time per job is the
-// steadier figure when other work on the machine moves jobs/s.
+// steadier figure when other work on the machine moves jobs/s. `client_s`:
+// this process's (its rusage, every thread): where the server is not busy
+// all the phase, the client's time per job says whether it is the other limit.
 nlohmann::json phase(int concurrency, int jobs, double secs, std::vector<float> lat_us, std::int64_t errors,
-                     double server_s) {
+                     double server_s, double client_s) {
   return {{"concurrency", concurrency},
           {"server_cpu_s", server_s},
           {"server_us_per_job", jobs > 0 ? server_s * 1e6 / jobs : 0.0},
+          {"client_cpu_s", client_s},
+          {"client_us_per_job", jobs > 0 ? client_s * 1e6 / jobs : 0.0},
           {"jobs", jobs},
           {"seconds", secs},
           {"jobs_per_s", secs > 0 ? jobs / secs : 0.0},
@@ -128,11 +134,12 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
       lat.push_back(static_cast<float>(static_cast<double>(now_ns() - enqueued_at(*r.job)) / 1000.0));
     };
     job::StreamWorker worker(client, so, runner, noop, wo);
-    const double g0 = server_cpu_seconds(client, nodes);
+    const double g0 = server_cpu_seconds(client, nodes), gc0 = cpu_seconds_self();
     const auto t0 = Clock::now();
     worker.run();
     const double secs = duration<double>(Clock::now() - t0).count();
-    guarded.push_back(phase(c, cfg.jobs, secs, std::move(lat), errors, server_cpu_seconds(client, nodes) - g0));
+    const double gc = cpu_seconds_self() - gc0;
+    guarded.push_back(phase(c, cfg.jobs, secs, std::move(lat), errors, server_cpu_seconds(client, nodes) - g0, gc));
 
     // Bare: the same number of jobs through XREADGROUP + XACK.
     const std::string bare_stream = fmt::format("bench:{}:bare:{}", tag, c);
@@ -140,11 +147,12 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
     enqueue(client, bare_stream, cfg.jobs, "b");
     std::vector<float> blat;
     blat.reserve(static_cast<std::size_t>(cfg.jobs));
-    const double bs0 = server_cpu_seconds(client, nodes);
+    const double bs0 = server_cpu_seconds(client, nodes), bc0 = cpu_seconds_self();
     const auto b0 = Clock::now();
     bare(client, bare_stream, c, cfg.jobs, blat);
     const double bsecs = duration<double>(Clock::now() - b0).count();
-    bare_runs.push_back(phase(c, cfg.jobs, bsecs, std::move(blat), 0, server_cpu_seconds(client, nodes) - bs0));
+    const double bc = cpu_seconds_self() - bc0;
+    bare_runs.push_back(phase(c, cfg.jobs, bsecs, std::move(blat), 0, server_cpu_seconds(client, nodes) - bs0, bc));
     client.exec(redis::Command{"DEL", so.stream, bare_stream});
   }
   // The run the acceptance names: the highest concurrency's.

@@ -21,15 +21,15 @@ using detail::reporting;
 using detail::from_ms;
 
 // ':' separates the parts and '%' escapes: distinct triples, distinct keys.
-std::string encode_part(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
+// Appended in place, not formatted: a guarded job builds this key once or
+// twice, and fmt's parsing and the parts' temporaries were some thousands of
+// the client's instructions a job (callgrind, docs/bench.md, 2026-12-04).
+void append_part(std::string& out, std::string_view s) {
   for (char c : s) {
-    if (c == '%') out += "%25";
-    else if (c == ':') out += "%3A";
+    if (c == '%') out.append("%25", 3);
+    else if (c == ':') out.append("%3A", 3);
     else out.push_back(c);
   }
-  return out;
 }
 
 }  // namespace
@@ -43,7 +43,15 @@ RedisCompletionStore::RedisCompletionStore(redis::Client& client, RedisCompletio
 
 std::string RedisCompletionStore::key_for(std::string_view job_kind, std::string_view entity,
                                           std::string_view run_id) const {
-  return fmt::format("{}{}:{}:{}", opts_.prefix, encode_part(job_kind), encode_part(entity), encode_part(run_id));
+  std::string k;
+  k.reserve(opts_.prefix.size() + job_kind.size() + entity.size() + run_id.size() + 8);
+  k.append(opts_.prefix);
+  append_part(k, job_kind);
+  k.push_back(':');
+  append_part(k, entity);
+  k.push_back(':');
+  append_part(k, run_id);
+  return k;
 }
 
 namespace {
