@@ -156,10 +156,15 @@ TEST_F(BenchCli, JobsJsonHasTheGuardedAndBareRunsAtEachConcurrency) {
     const double server_s = j[run]["server_cpu_s"].get<double>();
     EXPECT_GE(server_s, 0) << run;
     EXPECT_NEAR(j[run]["server_us_per_job"].get<double>(), server_s * 1e6 / 300, 1e-6) << run;
+    // And this process's, the client's.
+    const double client_s = j[run]["client_cpu_s"].get<double>();
+    EXPECT_GE(client_s, 0) << run;
+    EXPECT_NEAR(j[run]["client_us_per_job"].get<double>(), client_s * 1e6 / 300, 1e-6) << run;
   }
-  // 300 guarded jobs cost the server tens of milliseconds: more than the
-  // kernel's accounting tick, so never zero.
+  // 300 guarded jobs cost the server and the client tens of milliseconds:
+  // more than the kernel's accounting tick, so never zero.
   EXPECT_GT(j["guarded"]["server_cpu_s"].get<double>(), 0);
+  EXPECT_GT(j["guarded"]["client_cpu_s"].get<double>(), 0);
   ASSERT_EQ(j["runs"].size(), 2u);
   EXPECT_EQ(j["runs"][0]["concurrency"].get<int>(), 1);
   // Every guarded job was acknowledged: none errored, none left behind.
