@@ -43,6 +43,30 @@ TEST_F(RedisClient, ManyThreadsPipelineOverOneConnection) {
   EXPECT_LT(s.writes, s.commands / 4) << "commands issued concurrently must share writes";
 }
 
+// A write the kernel does not take whole at once (more than the socket's
+// buffer): the rest goes out asynchronously, behind nothing and before the
+// commands submitted after it (Connection::do_write).
+TEST_F(RedisClient, WritesLargerThanTheSocketBufferArriveWholeAndInOrder) {
+  auto c = make_client();
+  const std::string big(24 << 20, 'a'), other(6 << 20, 'o');
+  std::vector<std::future<Reply>> fs;
+  fs.push_back(c->exec_future(Command{"SET", key("big"), big}, {std::chrono::seconds(30)}));
+  fs.push_back(c->exec_future(Command{"APPEND", key("big"), "z"}, {std::chrono::seconds(30)}));
+  fs.push_back(c->exec_future(Command{"SET", key("other"), other}, {std::chrono::seconds(30)}));
+  for (int i = 0; i < 100; ++i) fs.push_back(c->exec_future(Command{"INCR", key("n")}, {std::chrono::seconds(30)}));
+  fs.push_back(c->exec_future(Command{"STRLEN", key("big")}, {std::chrono::seconds(30)}));
+  fs.push_back(c->exec_future(Command{"GETRANGE", key("big"), "-3", "-1"}, {std::chrono::seconds(30)}));
+  std::vector<Reply> rs;
+  for (auto& f : fs) rs.push_back(f.get());
+  EXPECT_TRUE(rs[0].is_ok()) << to_debug_string(rs[0]);
+  EXPECT_EQ(rs[1].integer, static_cast<std::int64_t>(big.size()) + 1);
+  EXPECT_TRUE(rs[2].is_ok()) << to_debug_string(rs[2]);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(rs[3 + static_cast<std::size_t>(i)].integer, i + 1);
+  EXPECT_EQ(rs[103].integer, static_cast<std::int64_t>(big.size()) + 1);
+  EXPECT_EQ(rs[104].str, "aaz");
+  EXPECT_EQ(c->exec(Command{"STRLEN", key("other")}).integer, static_cast<std::int64_t>(other.size()));
+}
+
 TEST_F(RedisClient, TwoConnectionsShareTheLoadAndKeepPerCallerOrder) {
   auto o = options();
   o.connections = 2;
