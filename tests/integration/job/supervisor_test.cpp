@@ -65,7 +65,11 @@ TEST_F(SupervisorTest, SeveralChildrenOnOneLoopEachGetTheirOwnOutcome) {
   std::optional<CmdOutcome> exited, timed_out, lost, stopped, missing;
   auto timeout = sh("exec sleep 30");
   timeout.timeout = 200ms;
-  auto stubborn = sh("trap '' TERM; while :; do sleep 0.05; done");
+  // It says when its trap is set: a SIGTERM before that would end it, and
+  // the SIGKILL after the grace would never be needed (a flaky failure seen
+  // on a loaded host, 2026-12-04).
+  const std::string trapped = file("stubborn-trapped");
+  auto stubborn = sh("trap '' TERM; : > \"$0\"; while :; do sleep 0.05; done", {trapped});
   auto stops_itself = sh("kill -STOP $$; exit 9");
   SupervisorOptions nowhere;
   nowhere.argv = {"/nonexistent/jobguard-test-cmd"};
@@ -82,6 +86,8 @@ TEST_F(SupervisorTest, SeveralChildrenOnOneLoopEachGetTheirOwnOutcome) {
   ASSERT_GT(guardian, 0);
   EXPECT_EQ(::getsid(guardian), guardian);
   for (auto* s : {&a, &b, &c, &d}) EXPECT_NE(::getpgid(guardian), s->pgid());
+  run_until(ctx, [&] { return std::filesystem::exists(trapped); });
+  ASSERT_TRUE(std::filesystem::exists(trapped)) << "the stubborn CMD never set its trap";
   c.stop(Ending::lease_lost, "lease on k lost");
   run_until(ctx, [&] { return exited && timed_out && lost && stopped && missing; });
 
