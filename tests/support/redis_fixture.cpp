@@ -64,6 +64,42 @@ std::string redis_command_at(const std::string& host, std::uint16_t port, const 
   return out;
 }
 
+RedisMonitor::RedisMonitor(const std::string& host, std::uint16_t port) {
+  timeval tv{2, 0};
+  redisContext* c = redisConnectWithTimeout(host.c_str(), port, tv);
+  if (c == nullptr || c->err) {
+    std::string err = c ? c->errstr : "alloc";
+    if (c) redisFree(c);
+    throw std::runtime_error(fmt::format("monitor: connect to {}:{}: {}", host, port, err));
+  }
+  redisSetTimeout(c, tv);
+  auto* r = static_cast<redisReply*>(redisCommand(c, "MONITOR"));
+  const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS && std::string(r->str, r->len) == "OK";
+  if (r) freeReplyObject(r);
+  if (!ok) {
+    redisFree(c);
+    throw std::runtime_error(fmt::format("monitor: MONITOR refused by {}:{}", host, port));
+  }
+  ctx_ = c;
+}
+
+RedisMonitor::~RedisMonitor() { redisFree(static_cast<redisContext*>(ctx_)); }
+
+std::optional<std::string> RedisMonitor::next_line(std::chrono::milliseconds timeout) {
+  auto* c = static_cast<redisContext*>(ctx_);
+  if (c->err) return std::nullopt;
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
+  redisSetTimeout(c, timeval{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)});
+  void* raw = nullptr;
+  if (redisGetReply(c, &raw) != REDIS_OK) return std::nullopt;
+  auto* r = static_cast<redisReply*>(raw);
+  std::optional<std::string> out;
+  if (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_STRING) out.emplace(r->str, r->len);
+  else out.emplace("(not a status line)");
+  freeReplyObject(r);
+  return out;
+}
+
 bool pause_clients_at(const redis::ConnectionOptions& probe_options, const std::string& host, std::uint16_t port,
                       std::chrono::milliseconds d) {
   redis::Client probe(probe_options);

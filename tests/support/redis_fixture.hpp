@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/redis/client.hpp"
@@ -58,6 +61,38 @@ std::string redis_command_at(const std::string& host, std::uint16_t port, const 
 // (the caller's options, so TLS or a password carry over).
 bool pause_clients_at(const redis::ConnectionOptions& probe, const std::string& host, std::uint16_t port,
                       std::chrono::milliseconds d);
+
+// MONITOR on a connection of its own (hiredis sync): the order in which the
+// server ran commands, across its connections and inside scripts. For tests
+// whose claim is about what a client sent before what: that order is fixed
+// by the client, while the order in which replies resume its coroutines
+// races with the server's round trips.
+class RedisMonitor {
+ public:
+  RedisMonitor(const std::string& host, std::uint16_t port);
+  ~RedisMonitor();
+  RedisMonitor(const RedisMonitor&) = delete;
+  RedisMonitor& operator=(const RedisMonitor&) = delete;
+  // The lines read so far and more, until `done` holds for a line just read
+  // or a read waits `timeout` for a line that does not come (after which
+  // nothing more is read: hiredis gives up a context whose read timed out).
+  // Each line as MONITOR prints it, e.g.
+  // `1700000000.123456 [0 127.0.0.1:4242] "XACK" "jobs" "g" "1-0"`.
+  template <class Pred>
+  const std::vector<std::string>& read_until(Pred done,
+                                             std::chrono::milliseconds timeout = std::chrono::milliseconds(3000)) {
+    while (auto line = next_line(timeout)) {
+      lines_.push_back(std::move(*line));
+      if (done(lines_.back())) break;
+    }
+    return lines_;
+  }
+
+ private:
+  std::optional<std::string> next_line(std::chrono::milliseconds timeout);
+  void* ctx_ = nullptr;  // redisContext*, kept out of the header
+  std::vector<std::string> lines_;
+};
 
 // Waits up to `timeout` for `pred` to hold, polling every 2 ms.
 template <class Pred>
