@@ -45,7 +45,13 @@ void enqueue(redis::Client& c, const std::string& stream, int count, const std::
   }
 }
 
-double cpu_seconds_self();
+// This process's CPU seconds, every thread (its rusage).
+double cpu_seconds_self() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
 
 // `server_s`: the server's CPU seconds during the phase (INFO cpu before and
 // after): on a host where the server is the limit, its time per job is the
@@ -162,17 +168,6 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
   out["guarded_over_bare"] = out["guarded"]["jobs_per_s"].get<double>() / out["bare"]["jobs_per_s"].get<double>();
   return out;
 }
-
-namespace {
-
-double cpu_seconds_self() {
-  rusage ru{};
-  ::getrusage(RUSAGE_SELF, &ru);
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6; };
-  return s(ru.ru_utime) + s(ru.ru_stime);
-}
-
-}  // namespace
 
 double server_cpu_seconds(redis::Client& c, const std::vector<std::string>& nodes) {
   double total = 0;

@@ -629,7 +629,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (plain_ && plain_->non_blocking()) {
       boost::system::error_code wec;
       sent = plain_->write_some(asio::buffer(buf), wec);
-      if (wec) sent = 0;
       if (sent == buf.size()) {
         mux_.write_done();
         return;
