@@ -161,7 +161,14 @@ TEST_F(OpsCli, LocksAgainstAnUnreachableRedisIsUnavailable) {
 TEST_F(OpsCli, DoctorExitStatusFollowsTheWorstFinding) {
   // The fixture's server has no persistence: a warning, nothing failing.
   auto r = jg({"doctor"});
-  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  // The latency check fails a PING of 200 ms or more, which this binary's
+  // client can meet on a loaded host (a sanitizer build beside other tests):
+  // then the worst finding is that FAIL. Any other FAIL fails the test.
+  const bool slow = r.out.find("FAIL latency:") != std::string::npos;
+  EXPECT_EQ(r.status, slow ? 2 : 1) << r.out << r.err;
+  int fails = 0;
+  for (auto at = r.out.find("FAIL "); at != std::string::npos; at = r.out.find("FAIL ", at + 1)) ++fails;
+  EXPECT_EQ(fails, slow ? 1 : 0) << r.out;
   EXPECT_NE(r.out.find("WARN persistence:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("OK   eviction:"), std::string::npos) << r.out;
 

@@ -519,7 +519,12 @@ TEST_F(RunnerTest, HardTimeoutReportsTimedOut) {
   cls.min_time_left = 10ms;
   job::GuardedRunner runner(leases, cls, {.completions = &done});
   auto r = runner.run({.id = "T", .run_id = "r", .chunks = 50}, [&](job::JobContext& ctx) {
-    if (ctx.chunk() == 0) std::this_thread::sleep_for(400ms);
+    // Chunk 0 outlasts the hard timeout: the lease's loop says so, and the
+    // next chunk must not start. Waiting for that word, not a fixed 400 ms,
+    // keeps a slow loop (a sanitizer's, on a busy host) from running on.
+    if (ctx.chunk() == 0) {
+      EXPECT_TRUE(test::eventually([&] { return ctx.stop_token().stop_requested(); }, 10s));
+    }
     return std::string();
   });
   EXPECT_EQ(r.outcome, Outcome::timed_out) << r.detail;
@@ -527,15 +532,20 @@ TEST_F(RunnerTest, HardTimeoutReportsTimedOut) {
 }
 
 TEST_F(RunnerTest, ShortTtlIsCheckedBeforeTheSideEffect) {
+  // The lease's time is read from a clock the test moves: each chunk takes
+  // 150 ms of it, whatever the host's scheduler does to the real time.
+  ManualClock clock;
+  auto own_leases = LeaseScheduler::create(
+      LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .clock = &clock}));
   guard::RedisCompletionStore done(*client);
   auto cls = low_class();
   cls.ttl = 300ms;
   cls.min_time_left = 100ms;
-  job::GuardedRunner runner(leases, cls, {.completions = &done});
+  job::GuardedRunner runner(own_leases, cls, {.completions = &done});
   std::vector<int> ran;
   auto r = runner.run({.id = "S", .run_id = "r", .chunks = 3}, [&](job::JobContext& ctx) {
     ran.push_back(ctx.chunk());
-    std::this_thread::sleep_for(150ms);  // chunk 1 starts with ~145 ms left, chunk 2 with none
+    clock.advance(150ms);  // chunk 1 starts with ~145 ms left, chunk 2 with none
     return std::string();
   });
   EXPECT_EQ(r.outcome, Outcome::lease_lost) << r.detail;

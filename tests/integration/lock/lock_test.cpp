@@ -327,11 +327,18 @@ TEST_F(LockTest, FairModeHandsOffInArrivalOrder) {
     std::this_thread::sleep_for(20ms);
     l->release();
   };
+  // B queues first, then C: each is in line (and listening for its grant)
+  // before the next comes, whatever a sanitizer does to their threads.
   std::thread b(waiter, 1);
-  std::this_thread::sleep_for(150ms);
+  const bool b_queued = fair_queue_ready(r, 1);
   std::thread c(waiter, 2);
-  std::this_thread::sleep_for(150ms);
+  const bool c_queued = b_queued && fair_queue_ready(r, 2);
   ASSERT_TRUE(a->release());
+  if (!c_queued) {
+    b.join();
+    c.join();
+    FAIL() << "the fair waiters never queued: B " << b_queued << ", C " << c_queued;
+  }
   // The releaser comes straight back: it must queue behind B and C.
   auto again = svc->acquire(r, fair);
   ASSERT_TRUE(again);

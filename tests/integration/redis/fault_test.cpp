@@ -2,6 +2,9 @@
 // a stalled server (CLIENT PAUSE, DEBUG SLEEP).
 #include <gtest/gtest.h>
 
+#include <boost/asio/post.hpp>
+#include <future>
+
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -92,6 +95,16 @@ TEST_F(RedisFaults, ServerKilledMidPipelineFailsEveryPendingCallPromptlyThenClie
   // the batches reach the socket.
   ASSERT_TRUE(eventually([&] { return c.stats().writes >= 1; }));
   std::this_thread::sleep_for(Ms(100));
+  // Calls made off the loop are posted to it: once a handler posted now has
+  // run, every call before it is on the live connection (written or queued
+  // to be), which the kill fails with connection_lost. Without this a busy
+  // host can still be routing calls at the kill; those wait for the next
+  // connection and then their 20 s deadline.
+  {
+    std::promise<void> routed;
+    boost::asio::post(c.get_executor(), [&] { routed.set_value(); });
+    ASSERT_EQ(routed.get_future().wait_for(Ms(10000)), std::future_status::ready);
+  }
   ASSERT_EQ(done.load(), 0) << "the paused server answered nothing yet";
 
   const auto t_kill = SteadyClock::now();

@@ -2,6 +2,9 @@
 // by the openssl CLI for this test run (test::TlsCerts).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <boost/asio/post.hpp>
+#include <future>
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -110,6 +113,16 @@ TEST_F(RedisTls, TlsServerKilledWithCallsInFlightFailsThemAndTheClientReconnects
   for (int i = 0; i < 2000; ++i) fs.push_back(c.exec_future(Command{"SET", key(std::to_string(i)), "v"}));
   ASSERT_TRUE(eventually([&] { return c.stats().writes >= 2; }));
   std::this_thread::sleep_for(Ms(100));
+  // Calls made off the loop are posted to it: once a handler posted now has
+  // run, every call before it is on the live connection (written or queued
+  // to be), which the kill fails with connection_lost. Without this a busy
+  // host can still be routing calls at the kill; those wait for the next
+  // connection and then their 20 s deadline.
+  {
+    std::promise<void> routed;
+    boost::asio::post(c.get_executor(), [&] { routed.set_value(); });
+    ASSERT_EQ(routed.get_future().wait_for(Ms(10000)), std::future_status::ready);
+  }
   server->kill();
   for (auto& f : fs) {
     ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
