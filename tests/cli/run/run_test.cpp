@@ -287,7 +287,10 @@ TEST_F(RunCli, OnceUsesPostgresWhenGiven) {
 }
 
 TEST_F(RunCli, JsonLogIsOneObjectPerLineWithKeyJobAndEvent) {
-  const auto r = run({"--key", resource(), "--job-id", "job-7", "--ttl", "300ms"}, {"sleep", "0.4"},
+  // Renewed at a third of the TTL (200 ms), so the 0.5 s CMD sees one or
+  // two; a TTL this long is lost only to a stall of ~400 ms, not to a
+  // sanitizer build on a busy host.
+  const auto r = run({"--key", resource(), "--job-id", "job-7", "--ttl", "600ms"}, {"sleep", "0.5"},
                      {"--log-format", "json"});
   ASSERT_EQ(r.status, 0) << r.err;
   std::vector<std::string> events;

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <fstream>
 #include <memory>
 #include <pqxx/pqxx>
 #include <sstream>
@@ -48,15 +49,22 @@ constexpr auto kTtlMs = 600ms;
 
 // The worker's CMD. $1 name, $2 marker file, $3 socket dir, $4 port, $5 "1"
 // to ignore SIGTERM (a paused holder must still attempt its late write when it
-// resumes, whatever jobguard does then), $6/$7 table names. The sleep is the
-// critical section a SIGSTOP or SIGKILL lands in; the write is ONE statement,
-// so the fenced UPDATE and its audit row commit together.
+// resumes, whatever jobguard does then), $6/$7 table names, $8 a go file or
+// "". The wait after the marker is the critical section: 0.3 s for a normal
+// worker; for one the test stops or kills, until the test creates the go
+// file (never, for a killed one), so the signal lands in it however late a
+// loaded host lets the test send it. The write is ONE statement, so the
+// fenced UPDATE and its audit row commit together.
 constexpr const char* kWorkerScript = R"(set -e
 if [ "$5" = 1 ]; then trap '' TERM; fi
 pgrp=$(cut -d' ' -f5 /proc/$$/stat)
 printf '%s %s\n' "$JOBGUARD_FENCE" "$pgrp" > "$2.tmp"
 mv "$2.tmp" "$2"
-sleep 0.3
+if [ -n "$8" ]; then
+  while [ ! -e "$8" ]; do sleep 0.01; done
+else
+  sleep 0.3
+fi
 /usr/bin/psql -X -q -v ON_ERROR_STOP=1 -h "$3" -p "$4" -U postgres -d postgres \
   -v fence="$JOBGUARD_FENCE" -v writer="$1" -v token="$JOBGUARD_TOKEN" -v acct="$6" -v audit="$7" <<'SQL'
 WITH u AS (UPDATE :"acct" SET balance = balance + 1, fence = :fence, writer = :'writer'
@@ -73,6 +81,7 @@ struct Worker {
   int epoch = 0;  // Redis incarnation it acquired in (restarts/failovers before its start)
   Role role = Role::normal;
   std::string marker;
+  std::string go;  // the paused or killed CMD's go file; "" for a normal one
   std::unique_ptr<Subprocess> proc;
   SubprocessResult result;
   bool done = false;
@@ -129,12 +138,13 @@ class FencingFault : public RedisTest {
     w->epoch = epoch_;
     w->role = role;
     w->marker = dir_ + "/" + w->name + ".marker";
+    if (role != Role::normal) w->go = dir_ + "/" + w->name + ".go";
     w->proc = std::make_unique<Subprocess>(std::vector<std::string>{
         // max_ttl: after a restart or failover the server is quarantined
         // (docs/lock-safety.md) for 1 s, which the workers' --wait covers.
         jobguard_binary(), "--redis", redis_url + "?max_ttl=1s", "run", "--key", resource_, "--ttl", kTtl, "--wait", "10s", "--fence",
         "--", "sh", "-c", kWorkerScript, "jobguard-fault-worker", w->name, w->marker, pg_->dir(), std::to_string(pg_->port()),
-        role == Role::paused ? "1" : "0", acct_, audit_});
+        role == Role::paused ? "1" : "0", acct_, audit_, w->go});
     workers_.push_back(std::move(w));
     return *workers_.back();
   }
@@ -180,6 +190,8 @@ class FencingFault : public RedisTest {
   void resume(Worker& v) {
     // CMD first: its late write is on its way before jobguard, back from the
     // stop, notices the lost lease and sends SIGTERM (which CMD ignores).
+    // Its critical section ends with the go file, made before it runs on.
+    std::ofstream(v.go).put('\n');
     if (marker(v).second > 1) ::kill(-marker(v).second, SIGCONT);
     std::this_thread::sleep_for(20ms);
     v.proc->signal(SIGCONT);

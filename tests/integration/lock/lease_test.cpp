@@ -21,10 +21,12 @@ using jobguard::test::eventually;
 TEST_F(LeaseTest, RenewalKeepsTheLockFarPastItsTtl) {
   auto lease = sched->acquire(resource("long"), LockOptions{.ttl = 300ms});
   ASSERT_TRUE(lease);
-  std::this_thread::sleep_for(1500ms);  // five TTLs
+  // Five TTLs at least, and eight renewals however long a slow build takes
+  // to send them: the count is what is asserted, not a rate.
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_TRUE(eventually([&] { return lease->renewals() >= 8u || lease->lost(); }, 10s)) << lease->renewals();
   EXPECT_FALSE(lease->lost()) << lease->reason();
   EXPECT_EQ(admin("GET " + lease->key()), lease->token());
-  EXPECT_GE(lease->renewals(), 8u);
   EXPECT_GT(lease->safe_time_left(), 0ms);
   EXPECT_LE(lease->safe_time_left(), 300ms);
   EXPECT_NO_THROW(lease->ensure(50ms));
