@@ -187,9 +187,11 @@ TEST_F(ReplicaConfirmed, ALeaseWhoseRenewalsAreNotConfirmedIsLostWithinItsTtl) {
   auto sched = LeaseScheduler::create(svc);
   auto healthy = sched->acquire(resource("healthy"), LockOptions{.ttl = 600ms});
   ASSERT_TRUE(healthy);
-  std::this_thread::sleep_for(1200ms);  // two TTLs, renewed and confirmed
+  // Two TTLs at least, and three confirmed renewals however slow the build
+  // is to send them: the count is asserted, not a rate.
+  std::this_thread::sleep_for(1200ms);
+  EXPECT_TRUE(eventually([&] { return healthy->renewals() >= 3u || healthy->lost(); }, 10s)) << healthy->renewals();
   EXPECT_FALSE(healthy->lost()) << healthy->reason();
-  EXPECT_GE(healthy->renewals(), 3u);
 
   auto lease = sched->acquire(resource("stopped"), LockOptions{.ttl = 600ms});
   ASSERT_TRUE(lease);
