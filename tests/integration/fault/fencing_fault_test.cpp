@@ -44,8 +44,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A holder the test stops or kills has a short TTL, so the others wait little
+// for it. The others renew theirs, and a longer one lets a loaded host (ASan,
+// two tests at once) stall a renewal without losing a legitimate holder's
+// lease. max_ttl, the quarantine after a restart or failover, covers both.
 constexpr const char* kTtl = "600ms";
 constexpr auto kTtlMs = 600ms;
+constexpr const char* kNormalTtl = "2s";
+constexpr const char* kMaxTtl = "2s";
 
 // The worker's CMD. $1 name, $2 marker file, $3 socket dir, $4 port, $5 "1"
 // to ignore SIGTERM (a paused holder must still attempt its late write when it
@@ -141,8 +147,9 @@ class FencingFault : public RedisTest {
     if (role != Role::normal) w->go = dir_ + "/" + w->name + ".go";
     w->proc = std::make_unique<Subprocess>(std::vector<std::string>{
         // max_ttl: after a restart or failover the server is quarantined
-        // (docs/lock-safety.md) for 1 s, which the workers' --wait covers.
-        jobguard_binary(), "--redis", redis_url + "?max_ttl=1s", "run", "--key", resource_, "--ttl", kTtl, "--wait", "10s", "--fence",
+        // (docs/lock-safety.md) for 2 s, which the workers' --wait covers.
+        jobguard_binary(), "--redis", redis_url + "?max_ttl=" + kMaxTtl, "run", "--key", resource_, "--ttl",
+        role == Role::normal ? kNormalTtl : kTtl, "--wait", "10s", "--fence",
         "--", "sh", "-c", kWorkerScript, "jobguard-fault-worker", w->name, w->marker, pg_->dir(), std::to_string(pg_->port()),
         role == Role::paused ? "1" : "0", acct_, audit_, w->go});
     workers_.push_back(std::move(w));
