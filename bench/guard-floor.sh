@@ -37,6 +37,8 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 $server_cpu redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+redis-cli -p "$port" PING >/dev/null 2>&1 ||
+  { echo "guard-floor.sh: redis-server on 127.0.0.1:$port did not answer within 10 s: $(tail -1 "$dir/server.log")" >&2; exit 70; }
 cli() { redis-cli -p "$port" "$@"; }
 cpu() { cli INFO cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
 # One mode's server CPU per job, in µs, on an emptied server.
