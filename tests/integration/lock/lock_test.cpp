@@ -9,6 +9,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/observe/metrics.hpp"
 #include "support/redis_fixture.hpp"
 
 using namespace std::chrono_literals;
@@ -186,6 +187,8 @@ TEST_F(LockTest, DefaultModeReleaseWakesTheLongestWaitingWaiterOnly) {
   auto a = svc->acquire(r);
   ASSERT_TRUE(a);
   const LockOptions slow{.ttl = 10s, .wait = 20s, .backoff_min = 10s, .backoff_max = 10s};
+  // Each service counts its busy answers in a registry of its own.
+  std::vector<std::unique_ptr<observe::Registry>> registries;
   std::vector<std::unique_ptr<redis::Client>> clients;
   std::vector<std::shared_ptr<LockService>> services;
   std::mutex mu;
@@ -193,16 +196,22 @@ TEST_F(LockTest, DefaultModeReleaseWakesTheLongestWaitingWaiterOnly) {
   std::vector<std::optional<Lock>> held(3);
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
+    registries.push_back(std::make_unique<observe::Registry>());
     clients.push_back(make_client());
-    services.push_back(LockService::create(*clients.back()));
+    services.push_back(LockService::create(*clients.back(), LockServiceOptions{.metrics = registries.back().get()}));
     threads.emplace_back([&, i] {
       auto l = services[i]->acquire(r, slow);
       std::lock_guard g(mu);
       order.push_back(i);
       held[i] = std::move(l);
     });
-    // In line before the next one comes.
+    // In line, and asleep, before the next one comes: the first busy answer
+    // puts it in line, and once subscribed it looks again (the second busy
+    // answer). A look-again still on its way at the release would find the
+    // lock free and take it before the woken waiter.
     ASSERT_TRUE(eventually([&] { return admin("ZCARD " + line) == std::to_string(i + 1); }, 5s));
+    ASSERT_TRUE(eventually([&] { return registries[i]->lock_class("default").busy_total.value() >= 2; }, 5s))
+        << "waiter " << i << " did not look again after subscribing";
   }
   // The line's order, reversed by hand: Redis hands a message to a channel's
   // subscribers in the order they subscribed, so a herd would be granted in

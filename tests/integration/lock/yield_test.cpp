@@ -81,7 +81,11 @@ TEST_F(LockTest, AReleaserThatWokeAWaiterHoldsItsNextWaitingAttemptForTheYield) 
     ASSERT_TRUE(mine->release());
     ASSERT_TRUE(eventually([&] { return admin("EXISTS " + svc->keys().lock_key(r)) == "0"; }, 5s));
   }
-  EXPECT_EQ(newcomer_first, kRounds) << "A took the lock back first in " << kRounds - newcomer_first << " of "
-                                     << kRounds << " rounds";
+  // The yield is a window from the release's reply (one round trip, at least
+  // 200 us): a host that keeps the loop thread from A's acquire for longer
+  // has spent it, and A then asks at once, as designed (lock.cpp). So not
+  // every round; without the yield A is first in about 19 of 20.
+  EXPECT_GE(newcomer_first, kRounds * 3 / 4) << "A took the lock back first in " << kRounds - newcomer_first << " of "
+                                             << kRounds << " rounds";
   c_svc.reset();
 }
