@@ -1,6 +1,7 @@
 // `jobguard jobs`: enqueue and inspect a Redis Streams job queue
 // (job::StreamSource); `jobs work` (cmd_jobs_work.cpp) is the worker.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <iostream>
@@ -21,6 +22,7 @@ constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consum
   jobguard jobs add  --stream S [--group G] FIELD=VALUE...
   jobguard jobs ls   --stream S [--group G] [--count 100]
   jobguard jobs dead --stream S [--count 100]
+  jobguard jobs retry --stream S (DEAD_ID... | --all [--count 1000])
   jobguard jobs work --stream S --class NAME [--group G] [--consumer NAME]
                      [--consequence low|moderate] [--on-redis-down fail-closed|fail-open]
                      [--ttl 30s] [--timeout DUR] [--claim-idle 30s] [--max-attempts 5]
@@ -34,6 +36,13 @@ ls    the stream's length, the group's pending jobs (id, consumer, idle time,
       deliveries) and the dead-letter stream's length.
 dead  the dead-letter entries (newest first): the job's fields, its last error
       and how many times it was delivered.
+retry puts dead letters back on the job stream with their own fields (a
+      fresh entry: its deliveries start again at 1) and removes them from the
+      dead-letter stream, in that order: a crash in between leaves the job in
+      both (a duplicate delivery, which completion records absorb), never in
+      neither. DEAD_ID is the dead-letter entry's id (`jobs dead`); --all
+      takes the dead letters there are when it starts, up to --count, oldest
+      first. Prints "DEAD_ID -> NEW_ID" per job ({"retried":[...]} with --json).
 work  takes jobs (up to --concurrency at once, each its own supervised CMD)
       and runs CMD for each, guarded as the lock
       class NAME that its flags declare (docs/jobs.md), or that the lock
@@ -70,7 +79,9 @@ work  takes jobs (up to --concurrency at once, each its own supervised CMD)
 
 Exit status: 0 ok (work: stopped by a signal, --max-jobs or --exit-when-idle);
 64 usage (bad FIELD=VALUE, unknown --consequence or --on-redis-down, missing
---stream, --class, or CMD after `--`); 69 Redis unreachable.)";
+--stream, --class, or CMD after `--`; retry with neither DEAD_ID nor --all,
+or both); 65 retry: a DEAD_ID that is not in the dead-letter stream (the
+others are retried); 69 Redis unreachable.)";
 
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
@@ -209,10 +220,54 @@ int run_dead(const Globals& g, const DeadArgs& a) {
   return exit_code::ok;
 }
 
+struct RetryArgs {
+  std::string stream;
+  std::vector<std::string> ids;
+  bool all = false;
+  std::size_t count = 1000;
+};
+
+int run_retry(const Globals& g, const RetryArgs& a) {
+  if (a.all == !a.ids.empty())
+    throw Error(errc::invalid_argument, a.all ? "jobs retry: give DEAD_ID... or --all, not both"
+                                              : "jobs retry: give the dead letters' ids (DEAD_ID...) or --all");
+  if (a.all && a.count == 0) throw Error(errc::invalid_argument, "--count 0: retry at least one dead letter");
+  job::StreamOptions so;
+  so.stream = a.stream;
+  auto client = connect_redis(g, "jobguard-jobs");
+  job::StreamSource source(*client, so);
+  std::vector<std::string> ids = a.ids;
+  if (a.all) {
+    // A snapshot: dead letters that arrive while this runs wait for the next
+    // retry, so a job that keeps failing cannot keep this loop going.
+    for (const auto& d : source.dead_letters(a.count)) ids.push_back(d.id);
+    std::reverse(ids.begin(), ids.end());  // oldest first: the stream keeps the order they failed in
+  }
+  auto retried = nlohmann::ordered_json::array();
+  std::vector<std::string> missing;
+  for (const auto& id : ids) {
+    if (auto new_id = source.retry_dead_letter(id)) {
+      retried.push_back(nlohmann::ordered_json{{"dead_id", id}, {"id", *new_id}});
+      if (!g.json) std::cout << fmt::format("{} -> {}\n", id, *new_id);
+    } else {
+      missing.push_back(id);
+    }
+  }
+  if (g.json)
+    std::cout << nlohmann::ordered_json{{"stream", so.stream}, {"retried", retried}, {"missing", missing}}.dump()
+              << "\n";
+  else if (ids.empty())
+    std::cout << fmt::format("no dead letters in {}\n", source.dead_letter_stream());
+  if (missing.empty()) return exit_code::ok;
+  std::cerr << fmt::format("jobguard jobs retry: not in {}: {}\n", source.dead_letter_stream(),
+                           fmt::join(missing, ", "));
+  return exit_code::data;
+}
+
 }  // namespace
 
 void add_jobs(CLI::App& root, Globals& g, Commands& out) {
-  auto* jobs = root.add_subcommand("jobs", "A Redis Streams job queue: add, ls, dead, work");
+  auto* jobs = root.add_subcommand("jobs", "A Redis Streams job queue: add, ls, dead, retry, work");
   jobs->footer(kJobsHelp);
   jobs->require_subcommand(1);
   jobs->fallthrough();
@@ -239,6 +294,15 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   dead->add_option("--stream", dead_args->stream, "Stream key (required)")->required();
   dead->add_option("--count", dead_args->count, "Show at most N entries (newest first)")->capture_default_str();
   out.emplace_back(dead, reported("jobs dead", [&g, dead_args] { return run_dead(g, *dead_args); }));
+
+  auto retry_args = std::make_shared<RetryArgs>();
+  auto* retry = jobs->add_subcommand("retry", "Put dead letters back on the job stream");
+  retry->fallthrough();
+  retry->add_option("--stream", retry_args->stream, "Stream key (required)")->required();
+  retry->add_flag("--all", retry_args->all, "Every dead letter there is when it starts (up to --count)");
+  retry->add_option("--count", retry_args->count, "With --all: at most N, oldest first")->capture_default_str();
+  retry->add_option("DEAD_ID", retry_args->ids, "Dead-letter entry ids (jobs dead)");
+  out.emplace_back(retry, reported("jobs retry", [&g, retry_args] { return run_retry(g, *retry_args); }));
 
   add_jobs_work(*jobs, g, out);
 }

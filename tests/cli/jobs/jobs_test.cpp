@@ -189,6 +189,7 @@ TEST_F(JobsCli, UnreachableRedisIs69) {
            {"add", {"--stream", "q", "id=1"}},
            {"ls", {"--stream", "q"}},
            {"dead", {"--stream", "q"}},
+           {"retry", {"--stream", "q", "--all"}},
            {"work", work_args({}, {"sh", "-c", "echo > " + marker})}}) {
     const auto r = jobs(sub, args);
     EXPECT_EQ(r.status, 69) << sub << ": " << r.err;
@@ -304,6 +305,59 @@ TEST_F(JobsCli, FailingJobIsDeadLetteredAfterMaxAttemptsWithItsLastError) {
   const auto human = jobs("dead", {"--stream", stream_});
   EXPECT_NE(human.out.find("exit status 3"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("what=refund"), std::string::npos) << human.out;
+}
+
+TEST_F(JobsCli, RetryPutsDeadLettersBackAndTheJobRunsAgain) {
+  const auto out = file("out");
+  add({"id=1"});
+  add({"id=2"});
+  const auto failing = work_args({"--max-attempts", "1", "--max-jobs", "2"},
+                                 {"sh", "-c", "echo \"$JOBGUARD_FIELD_ID\" >> \"$0\"; exit 3", out});
+  ASSERT_EQ(jobs("work", failing).status, 0);
+  const auto dead = jobs_json("dead", {"--stream", stream_}).at("entries");
+  ASSERT_EQ(dead.size(), 2u);
+  const std::string newest = dead[0].at("id"), oldest = dead[1].at("id");
+
+  // One by id: back on the stream with its own fields, gone from the dead letters.
+  const auto one = jobs_json("retry", {"--stream", stream_, newest});
+  ASSERT_EQ(one.at("retried").size(), 1u) << one.dump();
+  EXPECT_EQ(one.at("retried")[0].at("dead_id"), newest);
+  EXPECT_TRUE(one.at("missing").empty());
+  EXPECT_EQ(admin("XLEN " + stream_ + ":dead"), "1");
+  EXPECT_EQ(admin("XLEN " + stream_), "3");
+
+  // The same id again is not there any more: 65, naming it; nothing changes.
+  const auto again = jobs("retry", {"--stream", stream_, newest});
+  EXPECT_EQ(again.status, 65) << again.err;
+  EXPECT_NE(again.err.find("not in " + stream_ + ":dead: " + newest), std::string::npos) << again.err;
+  EXPECT_EQ(count_lines(again.err), 1) << again.err;
+  EXPECT_EQ(admin("XLEN " + stream_), "3");
+
+  // --all takes the rest; the retried jobs run again and succeed.
+  const auto all = jobs("retry", {"--stream", stream_, "--all"});
+  ASSERT_EQ(all.status, 0) << all.err;
+  EXPECT_NE(all.out.find(oldest + " -> "), std::string::npos) << all.out;
+  EXPECT_EQ(admin("XLEN " + stream_ + ":dead"), "0");
+  const auto ok = work_args({"--max-jobs", "2"}, append_id(out, "ok"));
+  ASSERT_EQ(jobs("work", ok).status, 0);
+  auto ran = lines(out);
+  std::sort(ran.begin(), ran.end());
+  EXPECT_EQ(ran, (std::vector<std::string>{"1", "2", "ok1", "ok2"}));
+  EXPECT_EQ(jobs_json("ls", {"--stream", stream_}).at("pending"), 0);
+
+  // Nothing left: --all says so and succeeds.
+  const auto none = jobs("retry", {"--stream", stream_, "--all"});
+  EXPECT_EQ(none.status, 0) << none.err;
+  EXPECT_NE(none.out.find("no dead letters"), std::string::npos) << none.out;
+}
+
+TEST_F(JobsCli, RetryUsageErrorsAre64) {
+  for (const Args& args : {Args{"--stream", stream_}, Args{"--stream", stream_, "--all", "1-1"},
+                           Args{"--stream", stream_, "--all", "--count", "0"}}) {
+    const auto r = jobs("retry", args);
+    EXPECT_EQ(r.status, 64) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
 }
 
 TEST_F(JobsCli, CompletedJobDeliveredAgainIsSkipped) {
