@@ -36,6 +36,48 @@ std::vector<std::string> as_postgres(std::vector<std::string> argv) {
   return out;
 }
 
+int run_command_or_throw(const std::vector<std::string>& argv, const char* what) {
+  std::string log;
+  const int rc = run_command(argv, &log);
+  if (rc != 0) throw std::runtime_error(fmt::format("{} failed ({}): {}", what, rc, log));
+  return rc;
+}
+
+// initdb costs a second or more of CPU, and every PostgreSQL test is a
+// process of its own (ctest runs each test alone), so each would pay it.
+// One cluster is initialised per build tree and copied: a copy of a
+// stopped, cleanly initialised data directory is the same cluster, and the
+// template itself is never started. Made under a name of this process's own
+// and renamed into place, so a parallel test sees the whole template or none.
+std::string template_cluster() {
+  static const std::string path = [] {
+    const std::filesystem::path cache = std::filesystem::path(JOBGUARD_BINARY_DIR) / "test-cache";
+    const std::filesystem::path tmpl = cache / "pg15-template";
+    if (std::filesystem::exists(tmpl / "PG_VERSION")) return tmpl.string();
+    std::filesystem::create_directories(cache);
+    if (::geteuid() == 0) {
+      const passwd* pw = ::getpwnam("postgres");
+      if (pw == nullptr) throw std::runtime_error("no `postgres` user to run the test cluster as");
+      if (::chown(cache.c_str(), pw->pw_uid, pw->pw_gid) != 0)
+        throw std::runtime_error(fmt::format("chown {}: {}", cache.string(), std::strerror(errno)));
+    }
+    const std::string mine = fmt::format("{}.{}", tmpl.string(), ::getpid());
+    std::error_code ec;
+    std::filesystem::remove_all(mine, ec);
+    run_command_or_throw(as_postgres({std::string(kBin) + "initdb", "-D", mine, "-U", "postgres", "--auth=trust",
+                                      "--no-sync", "-E", "UTF8", "--locale=C"}),
+                         "initdb");
+    if (::rename(mine.c_str(), tmpl.c_str()) != 0) {
+      // Another test process got there first: theirs is as good as ours.
+      std::filesystem::remove_all(mine, ec);
+      if (!std::filesystem::exists(tmpl / "PG_VERSION"))
+        throw std::runtime_error(fmt::format("rename {} -> {}: {}", mine, tmpl.string(), std::strerror(errno)));
+    }
+    return tmpl.string();
+  }();
+  return path;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& argv, std::string* out) {
@@ -98,12 +140,8 @@ std::string PostgresServer::url() const {
 
 void PostgresServer::start() {
   std::string log;
-  if (!std::filesystem::exists(dir_ + "/data/PG_VERSION")) {
-    const int rc = run_command(as_postgres({std::string(kBin) + "initdb", "-D", dir_ + "/data", "-U", "postgres",
-                                            "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"}),
-                               &log);
-    if (rc != 0) throw std::runtime_error(fmt::format("initdb failed ({}): {}", rc, log));
-  }
+  if (!std::filesystem::exists(dir_ + "/data/PG_VERSION"))
+    run_command_or_throw(as_postgres({"cp", "-a", template_cluster(), dir_ + "/data"}), "copying the template cluster");
   // A port picked free can be taken by a parallel test before we bind it: retry.
   for (int attempt = 0; attempt < 5; ++attempt) {
     port_ = pick_free_port();

@@ -1,6 +1,7 @@
-// A throwaway PostgreSQL 15 cluster: initdb in a temp dir, a free loopback
-// port, trust auth, fsync off. ~1.5 s to start, so test binaries share one per
-// process (shared_postgres()) and each test uses its own table/key names.
+// A throwaway PostgreSQL 15 cluster: a copy of one initdb'd template per
+// build tree in a temp dir, a free loopback port, trust auth, fsync off.
+// Test binaries share one per process (shared_postgres()) and each test uses
+// its own table/key names.
 //
 // Threads: not thread-safe; one owner. The cluster is stopped (pg_ctl stop -m
 // immediate) and its directory removed by the destructor. A forked test child
@@ -19,7 +20,7 @@ namespace jobguard::test {
 
 class PostgresServer {
  public:
-  PostgresServer();  // creates the temp dir; start() runs initdb + pg_ctl start
+  PostgresServer();  // creates the temp dir; start() copies the template cluster + pg_ctl start
   ~PostgresServer();
   PostgresServer(const PostgresServer&) = delete;
   PostgresServer& operator=(const PostgresServer&) = delete;
