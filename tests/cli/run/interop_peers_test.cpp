@@ -446,6 +446,30 @@ TEST_F(InteropPeers, TheRunCannotReleaseAPeersLockAfterLosingIt) {
   }
 }
 
+// The operator's CLI on a peer's lock: `locks show` names the peer's whole
+// value as the holder, and `locks release --holder` with any other holder is
+// refused (75) and leaves it; with the peer's value it releases it, and the
+// peer's own release then finds it no longer its lock.
+TEST_F(InteropPeers, LocksReleaseWithAnotherHolderLeavesAPeersLock) {
+  for (const std::string kind : {"laravel", "python"}) {
+    SCOPED_TRACE(kind);
+    auto peer = serve(kind);
+    const std::string theirs = token_of(peer->ask("acquire " + resource() + " 30000 0"));
+    const auto show = run_jobguard({"--redis", url(), "--json", "locks", "show", resource()});
+    EXPECT_EQ(show.status, 0) << show.err;
+    EXPECT_NE(show.out.find("\"holder\":\"" + theirs + "\""), std::string::npos) << show.out;
+    const auto refused = run_jobguard(
+        {"--redis", url(), "locks", "release", resource(), "--reason", "interop", "--holder", "not-" + theirs});
+    EXPECT_EQ(refused.status, 75) << refused.err;
+    EXPECT_EQ(get(), theirs);
+    const auto released = run_jobguard(
+        {"--redis", url(), "locks", "release", resource(), "--reason", "interop", "--holder", theirs});
+    EXPECT_EQ(released.status, 0) << released.err;
+    EXPECT_EQ(get(), "(nil)");
+    EXPECT_EQ(peer->ask("release"), "not-owned");
+  }
+}
+
 // A holder on jobguard's side keeps its lock well past its TTL by renewing
 // it, while a Laravel and a redis-py worker wait on the same key: neither gets
 // in until it lets go, then both do.
