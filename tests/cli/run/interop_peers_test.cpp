@@ -446,8 +446,8 @@ TEST_F(InteropPeers, TheRunCannotReleaseAPeersLockAfterLosingIt) {
   }
 }
 
-// The operator's CLI on a peer's lock: `locks show` names the peer's whole
-// value as the holder, and `locks release --holder` with any other holder is
+// The operator's CLI on a peer's lock: `locks show` and `locks ls` name the
+// peer's whole value as the holder, and `locks release --holder` with any other holder is
 // refused (75) and leaves it; with the peer's value it releases it, and the
 // peer's own release then finds it no longer its lock.
 TEST_F(InteropPeers, LocksReleaseWithAnotherHolderLeavesAPeersLock) {
@@ -458,6 +458,9 @@ TEST_F(InteropPeers, LocksReleaseWithAnotherHolderLeavesAPeersLock) {
     const auto show = run_jobguard({"--redis", url(), "--json", "locks", "show", resource()});
     EXPECT_EQ(show.status, 0) << show.err;
     EXPECT_NE(show.out.find("\"holder\":\"" + theirs + "\""), std::string::npos) << show.out;
+    const auto ls = run_jobguard({"--redis", url(), "locks", "ls"});
+    EXPECT_EQ(ls.status, 0) << ls.err;
+    EXPECT_NE(ls.out.find(resource() + "  " + theirs), std::string::npos) << ls.out;
     const auto refused = run_jobguard(
         {"--redis", url(), "locks", "release", resource(), "--reason", "interop", "--holder", "not-" + theirs});
     EXPECT_EQ(refused.status, 75) << refused.err;
