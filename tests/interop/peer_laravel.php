@@ -12,8 +12,9 @@
 //                        [--iterations N] [--hold-ms H] [--ttl-ms T] [--deadline-s D]
 //   php peer_laravel.php --host H --port P serve
 // The same modes and requests as peer_redis_py.py, except that `extend`,
-// `reacquire` and `extend-as` answer "unsupported": Illuminate's locks have
-// no way to extend a held lock. TTLs are whole seconds (SET ... EX), rounded up.
+// `reacquire` and `extend-as` answer "unsupported" (Illuminate's locks have
+// no way to extend a held lock), and one more: `force-release R` ->
+// force-released (Illuminate's forceRelease(), a plain DEL of whoever's lock). TTLs are whole seconds (SET ... EX), rounded up.
 // Exit status: 0 ok; 1 a worker failed; 64 usage; 69 Illuminate or php-redis missing.
 
 declare(strict_types=1);
@@ -201,6 +202,10 @@ function handle(CacheManager $cache, array $w, &$held): string
     }
     if ($cmd === 'release-as' && count($w) === 3) {
         return $cache->restoreLock(lock_name($w[1]), $w[2])->release() ? 'released' : 'not-owned';
+    }
+    if ($cmd === 'force-release' && count($w) === 2) {
+        $cache->lock(lock_name($w[1]))->forceRelease();
+        return 'force-released';
     }
     if (in_array($cmd, ['extend', 'reacquire', 'extend-as'], true)) return 'unsupported';
     return 'error unknown request ' . json_encode(implode(' ', $w));
