@@ -9,7 +9,10 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libjemalloc-dev   # the jobguard executable's malloc (CMakeLists.txt, JOBGUARD_JEMALLOC)
       redis-server redis-tools postgresql-15 openssl
       chromium   # the dashboard's browser test drives Debian's chromium (tests/browser)
-      clang libclang-rt-14-dev)  # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)
+      clang libclang-rt-14-dev   # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)
+      # Laravel's Cache::lock and redis-py's Lock as peers on jobguard's keys
+      # (tests/cli/run/interop_peers_test.cpp)
+      php-cli php-redis php-illuminate-cache php-illuminate-redis python3-redis)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
