@@ -176,6 +176,7 @@ TEST_F(Alerts, RulesFireAndResolveOnRealFaultsAndEveryPanelQueryHasData) {
       30s))
       << prom.err();
   EXPECT_EQ(alert_state("JobguardLocksExpiredUnderHolder", "billing"), "") << alerts_text();
+  EXPECT_EQ(alert_state("JobguardHoldTimeNearTTL", "billing"), "") << alerts_text();
 
   // Fault 1: a holder stopped past its TTL. Its key expires while it cannot
   // renew; resumed, it finds its lease lost, stops CMD and exits 70, and its
@@ -190,6 +191,11 @@ TEST_F(Alerts, RulesFireAndResolveOnRealFaultsAndEveryPanelQueryHasData) {
   const auto hr = holder.wait_or_kill(30s);
   EXPECT_EQ(hr.status, 70) << hr.err;
   ASSERT_TRUE(eventually([&] { return alert_state("JobguardLocksExpiredUnderHolder", "billing") == "firing"; }, 30s))
+      << alerts_text();
+
+  // The stopped holder held its lock past the catalog's 1 s TTL (grant to
+  // loss): the class's p99 hold time is over 80 % of it.
+  ASSERT_TRUE(eventually([&] { return alert_state("JobguardHoldTimeNearTTL", "billing") == "firing"; }, 30s))
       << alerts_text();
 
   // Fault 2, while fault 1's window runs out: the lock Redis made evicting.
@@ -238,6 +244,8 @@ TEST_F(Alerts, RulesFireAndResolveOnRealFaultsAndEveryPanelQueryHasData) {
   EXPECT_TRUE(eventually([&] { return alert_state("JobguardLockRedisNotPersistent").empty(); }, 30s))
       << alerts_text();
   EXPECT_TRUE(eventually([&] { return alert_state("JobguardLocksExpiredUnderHolder", "billing").empty(); }, 40s))
+      << alerts_text();
+  EXPECT_TRUE(eventually([&] { return alert_state("JobguardHoldTimeNearTTL", "billing").empty(); }, 40s))
       << alerts_text();
   // The alerts whose condition this test does not create stay quiet (no
   // replicas are required, the server kept its lock state and evicted
