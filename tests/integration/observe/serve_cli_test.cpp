@@ -206,6 +206,17 @@ TEST(ServeCli, MalformedListenIsAOneLineUsageError) {
   }
 }
 
+TEST(ServeCli, MalformedRedisCheckIntervalIsAOneLineUsageError) {
+  for (const std::string bad : {"soon", "0s", "-1s"}) {
+    Child c({"serve", "--listen", "127.0.0.1:0", "--redis-check-interval", bad});
+    EXPECT_EQ(c.wait_exit(10s), 64) << bad;
+    const std::string err = c.drain_stderr();
+    EXPECT_NE(err.find("--redis-check-interval"), std::string::npos) << err;
+    ASSERT_FALSE(err.empty());
+    EXPECT_EQ(err.find('\n'), err.size() - 1) << "more than one line: " << err;
+  }
+}
+
 TEST(ServeCli, PortAlreadyInUseFailsWithOneLine) {
   // Hold a listening socket on a port, then ask serve for the same one.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
