@@ -493,5 +493,40 @@ TEST(RedisWatch, ReportsTheDeploymentAsGaugesWithoutWritingAKey) {
   EXPECT_EQ(e.type["jobguard_redis_evicting"], "gauge");  // the schema stays
 }
 
+// The replica numbers behind the replica alerts: connected, healthy (online,
+// acknowledging) and required (replicas= of the URL), from a real primary
+// whose one replica is stopped (SIGSTOP) and resumed.
+TEST(RedisWatch, CountsHealthyReplicasAgainstTheRequiredOnes) {
+  auto primary = start({});
+  auto replica = start({"--replicaof", primary->host(), std::to_string(primary->port())});
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        return test::redis_command_at(primary->host(), primary->port(), "INFO replication").find("state=online") !=
+               std::string::npos;
+      },
+      10s));
+  auto o = options_for(*primary);
+  o.lock_replicas = 2;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(2s));
+  DoctorOptions d;
+  d.pings = 1;
+  auto f = watch_redis(c, d);
+  EXPECT_EQ(f.replicas_connected, 1);
+  EXPECT_EQ(f.replicas_healthy, 1);
+  EXPECT_EQ(f.replicas_required, 2);
+  EXPECT_EQ(find(f.checks, "replica_confirmation").status, CheckStatus::fail);
+  const auto e = test::parse_exposition(redis_facts_to_prometheus(f, 0));
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
+  EXPECT_EQ(e.samples.at("jobguard_redis_replicas_required"), 2);
+  EXPECT_EQ(e.samples.at("jobguard_redis_replicas_healthy"), 1);
+  // A replica that stops acknowledging is connected but not healthy.
+  replica->pause();
+  EXPECT_TRUE(test::eventually([&] { return watch_redis(c, d).replicas_healthy == 0; }, 15s));
+  EXPECT_EQ(watch_redis(c, d).replicas_connected, 1);
+  replica->resume();
+  EXPECT_TRUE(test::eventually([&] { return watch_redis(c, d).replicas_healthy == 1; }, 15s));
+}
+
 }  // namespace
 }  // namespace jobguard::observe
