@@ -148,7 +148,7 @@ TEST_F(Alerts, RulesFireAndResolveOnRealFaultsAndEveryPanelQueryHasData) {
       "rule_files: [\"{}\"]\n"
       "scrape_configs:\n  - job_name: jobguard\n    static_configs:\n      - targets: [\"127.0.0.1:{}\"]\n",
       file("rules.yml"), serve_port);
-  Subprocess prom({"prometheus", "--config.file=" + file("prometheus.yml"), "--storage.tsdb.path=" + file("tsdb"),
+  Subprocess prom({JOBGUARD_PROMETHEUS_BIN, "--config.file=" + file("prometheus.yml"), "--storage.tsdb.path=" + file("tsdb"),
                    fmt::format("--web.listen-address=127.0.0.1:{}", prom_port), "--log.level=warn"});
   ASSERT_TRUE(eventually(
       [&] {
