@@ -108,8 +108,8 @@ RedisFacts watch_redis(redis::Client& client, const DoctorOptions& opts = {});
 std::string redis_facts_to_prometheus(const RedisFacts& facts, std::uint64_t lock_state_losses);
 
 struct RedisWatcherOptions {
-  // Time between two watches. Default 15 s: one INFO, one CONFIG GET, a few
-  // PINGs, one HMGET and one TIME each.
+  // Time between two watches. Default 15 s: one INFO, one CONFIG GET, six
+  // PINGs, two TIMEs and one HMGET each (docs/alerts.md).
   std::chrono::milliseconds refresh{15000};
   // How long text() waits for the first watch after start. Default 1 s.
   std::chrono::milliseconds first_read_wait{1000};
