@@ -9,6 +9,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libjemalloc-dev   # the jobguard executable's malloc (CMakeLists.txt, JOBGUARD_JEMALLOC)
       redis-server redis-tools postgresql-15 openssl
       chromium   # the dashboard's browser test drives Debian's chromium (tests/browser)
+      prometheus # promtool checks and unit-tests deploy/prometheus/; the alerts test runs the server
       clang libclang-rt-14-dev   # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)
       # Laravel's Cache::lock and redis-py's Lock as peers on jobguard's keys
       # (tests/cli/run/interop_peers_test.cpp)

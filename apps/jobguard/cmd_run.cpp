@@ -21,6 +21,7 @@
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
+#include "jobguard/job/lock_class.hpp"
 #include "jobguard/job/locked_run.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/event_log.hpp"
@@ -34,8 +35,8 @@ namespace {
 constexpr const char* kRunHelp = R"(Run CMD while holding the Redis lock KEY: a distributed flock(1).
 
   jobguard run --key KEY [--ttl 30s] [--wait DUR] [--timeout DUR] [--grace 10s]
-               [--fence] [--fair] [--once RUN_ID] [--job-id ID] [--foreground]
-               -- CMD [ARGS...]
+               [--fence] [--fair] [--once RUN_ID] [--job-id ID] [--class NAME]
+               [--foreground] -- CMD [ARGS...]
 
 KEY names the business object ("invoice:48291"); the Redis key is
 jobguard:lock:{KEY}. The lease is renewed every ttl/3 while CMD runs. CMD runs
@@ -60,12 +61,20 @@ before the lock is released. Records live in PostgreSQL when --postgres (or
 $JOBGUARD_POSTGRES_URL) is set (tables from `jobguard pg migrate`), else in
 Redis under jobguard:done:.
 
+--class NAME: the lock class this run's numbers are counted under (default
+"run"): the fleet's metrics (`jobguard stats`, `jobguard serve`'s
+jobguard_fleet_* families, label class="NAME") and the lock_class log field.
+Use the name of the class in your lock catalog, so `policy lint` compares its
+TTL with this class's observed hold times. Letters, digits, '_', '-', '.', at
+most 64 bytes, the catalog's rule; one name per kind of job, never per key.
+
 Exit status:
   CMD's own   CMD ran to the end; 128+N when it died by signal N (as a shell
               reports it), e.g. 143 when it dies of a forwarded SIGTERM, and
               128+N when it stayed stopped by signal N (149: SIGTTIN)
   0           --once: RUN_ID was already done, CMD skipped
-  64          usage: missing --key, CMD or `--`, malformed duration, URL or key
+  64          usage: missing --key, CMD or `--`, malformed duration, URL, key
+              or --class
   69          Redis (or PostgreSQL for --once) unavailable: connect failed or
               timed out; fail-closed, CMD not run
   70          the lease was lost while CMD ran (CMD was stopped)
@@ -89,6 +98,7 @@ struct RunArgs {
   bool fair = false;
   std::string once;
   std::string job_id;
+  std::string cls = "run";
   bool foreground = false;
   std::vector<std::string> cmd;
 };
@@ -99,7 +109,7 @@ struct RunArgs {
 struct Reporter {
   observe::EventLog log;
   bool verbose = false;
-  std::string key, job_id;
+  std::string key, job_id, cls;
 
   void operator()(job::RunEvent ev) {
     if (!ev.problem && !verbose) return;
@@ -108,7 +118,7 @@ struct Reporter {
       return;
     }
     if (!ev.message.empty()) ev.extra.emplace_back("message", ev.message);
-    log.emit(observe::Event{.event = ev.event, .lock_key = key, .job_id = job_id, .lock_class = {},
+    log.emit(observe::Event{.event = ev.event, .lock_key = key, .job_id = job_id, .lock_class = cls,
                             .outcome = ev.outcome, .elapsed_ms = ev.elapsed_ms, .extra = std::move(ev.extra)});
   }
 };
@@ -130,7 +140,12 @@ class Runner {
     o.lock.fence = a_.fence;
     o.lock.fair = a_.fair;
     o.lock.job_id = a_.job_id;
-    o.lock.lock_class = "run";
+    try {
+      job::validate_class_name(a_.cls);
+    } catch (const Error& e) {
+      throw Error(errc::invalid_argument, fmt::format("--class: {}", e.detail()));
+    }
+    o.lock.lock_class = a_.cls;
     o.cmd.argv = a_.cmd;
     o.cmd.timeout = a_.timeout.empty() ? milliseconds(0) : parse_duration_ms(a_.timeout, "--timeout");
     o.cmd.grace = parse_duration_ms(a_.grace, "--grace");
@@ -145,6 +160,7 @@ class Runner {
     KeyBuilder::validate_resource(a_.key);  // names the key and the offending character
     rep_.key = keys.lock_key(a_.key);
     rep_.job_id = a_.job_id;
+    rep_.cls = a_.cls;
     auto conn = redis::parse_url(g_.redis_url);
     if (conn.client_name.empty()) conn.client_name = "jobguard-run";
     (void)make_token(a_.job_id);  // validates --job-id (no '#', no whitespace)
@@ -216,6 +232,8 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_flag("--fair", args->fair, "FIFO handoff among waiters (every contender must use --fair)");
   sub->add_option("--once", args->once, "Skip CMD if RUN_ID is recorded as done; record it when CMD exits 0");
   sub->add_option("--job-id", args->job_id, "Job id for the owner token and the logs");
+  sub->add_option("--class", args->cls, "Lock class of this run's metrics and logs (a catalog class name)")
+      ->capture_default_str();
   sub->add_flag("--foreground", args->foreground, "Put CMD in the terminal's foreground process group (it may read it)");
   // CLI11 checks that CMD is there; its words are taken verbatim from the
   // command line (cmd_after_dashes) because CLI11 rewrites "[a,b]" as a list.

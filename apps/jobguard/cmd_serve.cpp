@@ -26,6 +26,7 @@
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/job/catalog.hpp"
 #include "jobguard/observe/dashboard.hpp"
+#include "jobguard/observe/doctor.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -48,6 +49,7 @@ std::function<void(std::function<void(bool, std::string)>)> redis_health_check(
 struct ServeArgs {
   std::string listen = "127.0.0.1:9464";
   std::string health_timeout = "1s";
+  std::string redis_check_interval = "15s";
   std::string admin_token_file, catalog, group = "jobguard", key_prefix = "jobguard";
   std::vector<std::string> streams;
 };
@@ -88,6 +90,9 @@ int serve(const Globals& g, const ServeArgs& a) {
   const auto deadline = parse_duration_ms(health_timeout, "--health-timeout");
   if (deadline <= std::chrono::milliseconds::zero())
     throw Error(errc::invalid_argument, "--health-timeout must be positive");
+  const auto check_every = parse_duration_ms(a.redis_check_interval, "--redis-check-interval");
+  if (check_every <= std::chrono::milliseconds::zero())
+    throw Error(errc::invalid_argument, "--redis-check-interval must be positive");
   observe::DashboardOptions dopt;
   dopt.prefix = a.key_prefix;
   dopt.admin_token = admin_token(a);
@@ -106,7 +111,14 @@ int serve(const Globals& g, const ServeArgs& a) {
   // The fleet's numbers (what every jobguard process published to this
   // Redis), read on the exporter's thread so a scrape never waits on Redis.
   observe::FleetExporter fleet(*client);
-  opt.extra_metrics = [&fleet] { return fleet.text(); };
+  // The lock Redis's deployment (eviction, persistence, replicas, lost lock
+  // state), watched with the doctor's read-only checks on its own thread.
+  observe::RedisWatcherOptions wopt;
+  wopt.refresh = check_every;
+  wopt.doctor.key_prefix = a.key_prefix;
+  observe::RedisWatcher watcher(*client, wopt);
+  const std::string catalog_text = dopt.catalog ? job::catalog_to_prometheus(*dopt.catalog) : std::string();
+  opt.extra_metrics = [&fleet, &watcher, &catalog_text] { return fleet.text() + watcher.text() + catalog_text; };
 
   // Before the server, so its handlers never outlive it.
   observe::Dashboard dashboard(*client, dopt);
@@ -147,10 +159,17 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   sub->add_option("--health-timeout", a->health_timeout, "Deadline of the Redis PING behind /healthz")
       ->check(duration_validator())
       ->capture_default_str();
+  sub->add_option("--redis-check-interval", a->redis_check_interval,
+                  "How often the lock Redis's deployment is checked (jobguard_redis_* gauges: eviction, persistence, "
+                  "replicas, lost lock state)")
+      ->check(duration_validator())
+      ->capture_default_str();
   sub->add_option("--admin-token-file", a->admin_token_file,
                   "Enable the dashboard's actions (force release, dead-letter retry) for requests carrying the token in "
                   "FILE (else $JOBGUARD_ADMIN_TOKEN; neither: read-only)");
-  sub->add_option("--catalog", a->catalog, "Lock catalog YAML: each lock's class and declared TTL on the dashboard");
+  sub->add_option("--catalog", a->catalog,
+                  "Lock catalog YAML: each lock's class and declared TTL on the dashboard, and as "
+                  "jobguard_lock_class_ttl_seconds / _max_hold_seconds gauges");
   sub->add_option("--stream", a->streams, "A job stream the dashboard shows (repeatable)");
   sub->add_option("--group", a->group, "Consumer group of the streams")->capture_default_str();
   sub->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();

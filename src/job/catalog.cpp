@@ -11,6 +11,7 @@
 
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/observe/exposition.hpp"
 
 namespace jobguard::job {
 namespace {
@@ -308,6 +309,24 @@ std::vector<CatalogFinding> lint_hold_times(const Catalog& catalog, const std::v
                                  it->samples)});
     }
   }
+  return out;
+}
+
+std::string catalog_to_prometheus(const Catalog& catalog) {
+  std::string out;
+  auto family = [&](const char* name, const char* help, auto value_of) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", name, observe::escape_help(help), name);
+    for (const auto& cc : catalog.classes())
+      out += fmt::format("{}{{class=\"{}\"}} {}\n", name, observe::escape_label_value(cc.lock_class.name),
+                         observe::format_value(std::chrono::duration<double>(value_of(cc.lock_class)).count()));
+  };
+  family("jobguard_lock_class_ttl_seconds", "The lock TTL the lock catalog declares for the class.",
+         [](const LockClass& lc) { return lc.ttl; });
+  // As lint_hold_times: a plain lock must be done within its TTL, a renewing
+  // lease within its hard timeout.
+  family("jobguard_lock_class_max_hold_seconds",
+         "The time a holder of the class is allowed: its TTL, or the hard timeout of a renewing class.",
+         [](const LockClass& lc) { return lc.long_running ? lc.hard_timeout : lc.ttl; });
   return out;
 }
 

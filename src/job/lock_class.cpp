@@ -6,6 +6,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::job {
 
@@ -39,6 +40,22 @@ std::optional<RedisDownPolicy> parse_redis_down_policy(std::string_view s) noexc
   return std::nullopt;
 }
 
+void validate_class_name(std::string_view name) {
+  if (name.empty()) throw Error(errc::invalid_argument, "lock class: empty name");
+  // escape_text: a name with a newline or an ESC must not split or drive the
+  // one-line error it is quoted in.
+  auto bad = [&](const std::string& what) {
+    return Error(errc::invalid_argument, fmt::format("lock class '{}': {}", escape_text(name, 80), what));
+  };
+  if (name.size() > 64) throw bad("name longer than 64 characters");
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '-' || c == '.';
+    if (!ok)
+      throw bad(fmt::format("name has '{}' (allowed: letters, digits, '_', '-', '.')", escape_text(std::string_view(&c, 1))));
+  }
+}
+
 std::string LockClass::resource_for(std::string_view unit_id) const {
   const auto at = key_pattern.find("{id}");
   if (at == std::string::npos) return key_pattern;
@@ -56,13 +73,7 @@ void LockClass::validate() const {
   auto bad = [&](const std::string& what) {
     return Error(errc::invalid_argument, fmt::format("lock class '{}': {}", name, what));
   };
-  if (name.empty()) throw Error(errc::invalid_argument, "lock class: empty name");
-  if (name.size() > 64) throw bad("name longer than 64 characters");
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                    c == '-' || c == '.';
-    if (!ok) throw bad(fmt::format("name has '{}' (allowed: letters, digits, '_', '-', '.')", c));
-  }
+  validate_class_name(name);
   if (key_pattern.empty()) throw bad("empty key_pattern");
   if (key_pattern.find("{id}") != key_pattern.rfind("{id}")) throw bad("key_pattern has \"{id}\" more than once");
   try {

@@ -13,6 +13,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/redis/script.hpp"
+#include "lock/quarantine.hpp"
 
 namespace jobguard::observe {
 namespace {
@@ -78,16 +79,28 @@ CheckResult check_role(const Info& info) {
   return ok("role", role.empty() ? "primary" : role);
 }
 
+// Each connected replica as "ip:port state lag Ns", and whether it is
+// healthy: online, with its last acknowledgement younger than replica_lag_warn.
+std::vector<std::pair<std::string, bool>> replica_states(const Info& info, const DoctorOptions& o) {
+  const auto n = to_i64(get(info, "connected_slaves"));
+  std::vector<std::pair<std::string, bool>> out;
+  for (std::int64_t i = 0; i < n; ++i) {
+    auto f = parse_fields(get(info, fmt::format("slave{}", i)));
+    const auto lag = to_i64(f["lag"], -1);
+    out.emplace_back(fmt::format("{}:{} {} lag {}s", f["ip"], f["port"], f["state"], lag),
+                     f["state"] == "online" && lag >= 0 && lag < o.replica_lag_warn.count());
+  }
+  return out;
+}
+
 CheckResult check_replicas(const Info& info, const DoctorOptions& o) {
   const auto n = to_i64(get(info, "connected_slaves"));
   if (n == 0)
     return ok("replicas", "none: locks live on this one server (a crash loses them unless it persists them)");
   std::vector<std::string> parts, bad;
-  for (std::int64_t i = 0; i < n; ++i) {
-    auto f = parse_fields(get(info, fmt::format("slave{}", i)));
-    const auto lag = to_i64(f["lag"], -1);
-    parts.push_back(fmt::format("{}:{} {} lag {}s", f["ip"], f["port"], f["state"], lag));
-    if (f["state"] != "online" || lag < 0 || lag >= o.replica_lag_warn.count()) bad.push_back(parts.back());
+  for (const auto& [text, healthy] : replica_states(info, o)) {
+    parts.push_back(text);
+    if (!healthy) bad.push_back(text);
   }
   const auto all = fmt::format("{} replica(s): {}", n, fmt::join(parts, "; "));
   if (!bad.empty())
@@ -461,6 +474,67 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
   guarded("cluster", [&] { return check_cluster(c, info); });
   guarded("shared_workload", [&] { return check_shared(c, info, o); });
   return out;
+}
+
+RedisFacts watch_redis(redis::Client& c, const DoctorOptions& o) {
+  if (o.pings < 1) throw Error(errc::invalid_argument, "doctor: pings must be >= 1");
+  RedisFacts f;
+  Info info;
+  try {
+    c.exec(redis::Command{"PING"});
+    info = parse_info(c.exec(redis::Command{"INFO"}).str);
+  } catch (const Error& e) {
+    f.checks.push_back(fail("connection", fmt::format("{}: {}", c.address(), e.what()),
+                            "check the URL, the network and the server; jobs of fail-closed classes do not run meanwhile"));
+    return f;
+  }
+  f.up = true;
+  f.checks.push_back(ok("connection", fmt::format("{}: redis {}", c.address(), get(info, "redis_version"))));
+  auto guarded = [&](const char* name, auto fn) -> const CheckResult& {
+    try {
+      f.checks.push_back(fn());
+    } catch (const Error& e) {
+      f.checks.push_back(fail(name, fmt::format("the check failed: {}", e.what()), "see the error"));
+    }
+    return f.checks.back();
+  };
+  guarded("role", [&] { return check_role(info); });
+  if (!c.options().sentinel.sentinels.empty()) guarded("sentinel", [&] { return check_sentinel(c); });
+  guarded("replicas", [&] { return check_replicas(info, o); });
+  guarded("replica_confirmation", [&] { return check_confirmation(c, info); });
+  f.evicting = guarded("eviction", [&] { return check_eviction(info); }).status == CheckStatus::fail;
+  guarded("evicted_keys", [&] { return check_evicted(info); });
+  f.persistent = guarded("persistence", [&] { return check_persistence(c, info); }).status == CheckStatus::ok;
+  guarded("latency", [&] { return check_latency(c, o); });
+  guarded("clock", [&] { return check_clock(c, o); });
+  guarded("cluster", [&] { return check_cluster(c, info); });
+  f.evicted_keys = to_i64(get(info, "evicted_keys"));
+  f.replicas_connected = to_i64(get(info, "connected_slaves"));
+  for (const auto& r : replica_states(info, o)) f.replicas_healthy += r.second ? 1 : 0;
+  f.replicas_required = std::max(0, c.options().lock_replicas);
+  if (!c.options().cluster) {
+    try {
+      // Read only: epoch.lua (which the lock clients run) is what starts a
+      // quarantine; the watcher must not start one by looking.
+      auto rec = c.exec(redis::Command{"HMGET", detail::kLockStateKey, "id", "until", "reason"});
+      auto t = c.exec(redis::Command{"TIME"});
+      if (rec.is_array() && rec.elements.size() == 3 && t.is_array() && t.elements.size() == 2) {
+        f.lock_state_read = true;
+        f.lock_state_record = rec.elements[0].is_string();
+        f.lock_state_epoch = rec.elements[0].is_string() ? rec.elements[0].str : "";
+        const std::int64_t now_ms = to_i64(t.elements[0].str) * 1000 + to_i64(t.elements[1].str) / 1000;
+        const std::int64_t until = rec.elements[1].is_string() ? to_i64(rec.elements[1].str) : 0;
+        if (until > now_ms) {
+          f.quarantine_left = milliseconds(until - now_ms);
+          f.quarantine_reason = rec.elements[2].is_string() ? rec.elements[2].str : "";
+        }
+      }
+    } catch (const Error&) {
+      // An ACL that refuses HMGET on jobguard:epoch: the lock-state gauges
+      // are left out rather than reported as "no record".
+    }
+  }
+  return f;
 }
 
 std::vector<CheckResult> check_postgres(const std::string& url, const DoctorOptions& o) {

@@ -118,6 +118,13 @@ std::vector<CatalogFinding> lint_hold_times(const Catalog& catalog, const std::v
 // (invalid_argument), so each is an error finding.
 std::vector<CatalogFinding> lint_max_ttl(const Catalog& catalog, std::chrono::milliseconds max_ttl);
 
+// The catalog's declared limits as Prometheus gauges, for `jobguard serve
+// --catalog`: jobguard_lock_class_ttl_seconds{class} and
+// jobguard_lock_class_max_hold_seconds{class} (the time a holder is allowed:
+// the ttl, or the hard_timeout of a renewing class — what lint_hold_times
+// compares the p99 with). The hold-time alert divides the fleet's p99 by it.
+std::string catalog_to_prometheus(const Catalog& catalog);
+
 // The one-page description of a catalog.
 std::string render_markdown(const Catalog& catalog);
 std::string render_html(const Catalog& catalog);

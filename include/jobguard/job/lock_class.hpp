@@ -55,6 +55,12 @@ const char* to_string(RedisDownPolicy p) noexcept;
 // "fail-closed" | "fail-open" (also with '_'); nullopt otherwise.
 std::optional<RedisDownPolicy> parse_redis_down_policy(std::string_view s) noexcept;
 
+// Throws Error(invalid_argument) "lock class 'NAME': WHAT" unless `name` is a
+// valid class name: [A-Za-z0-9_.-]{1,64}. The one rule for every place a class
+// is named (the catalog, `jobs work --class`, `run --class`): the name is a
+// metrics label, so the fleet's numbers of one class join its catalog entry.
+void validate_class_name(std::string_view name);
+
 struct LockClass {
   // Metrics label and log field: [A-Za-z0-9_.-]{1,64}. Required.
   std::string name{};

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,69 @@ CheckResult check_clock(redis::Client& client, const DoctorOptions& opts = {});
 // Connection, primary role, the jobguard tables (`jobguard pg migrate`),
 // advisory locks, latency and clock offset of a PostgreSQL server.
 std::vector<CheckResult> check_postgres(const std::string& url, const DoctorOptions& opts = {});
+
+// What `jobguard serve` watches on the lock Redis (RedisWatcher): the
+// doctor's read-only checks (no probe writes: the acl and shared_workload
+// checks are left out) and the numbers behind them, for the gauges that the
+// alert rules in deploy/prometheus/ read.
+struct RedisFacts {
+  bool up = false;  // the server answered PING and INFO
+  // connection, role, [sentinel], replicas, replica_confirmation, eviction,
+  // evicted_keys, persistence, latency, clock, cluster: as check_redis has them.
+  std::vector<CheckResult> checks;
+  std::int64_t evicted_keys = 0;        // INFO evicted_keys (since start or CONFIG RESETSTAT)
+  bool evicting = false;                // the eviction check FAILs: maxmemory set, an evicting policy
+  bool persistent = false;              // the persistence check is OK: AOF, or RDB save points
+  std::int64_t replicas_connected = 0;  // INFO connected_slaves
+  std::int64_t replicas_healthy = 0;    // of those, online with lag below replica_lag_warn
+  int replicas_required = 0;            // the URL's replicas= (0: grants are not replica-confirmed)
+  // The lock-state record (docs/lock-safety.md, "Quarantine after lost lock
+  // state"), read without changing it. Not read on a Redis Cluster (each
+  // primary keeps its own): lock_state_read stays false there.
+  bool lock_state_read = false;
+  bool lock_state_record = false;              // the record exists
+  std::string lock_state_epoch;                // its epoch id
+  std::chrono::milliseconds quarantine_left{0};  // by the server's clock; 0 when grants are not refused
+  std::string quarantine_reason;
+};
+
+// Connects nowhere itself; never throws for a Redis failure (up = false, one
+// "connection" FAIL, as check_redis).
+RedisFacts watch_redis(redis::Client& client, const DoctorOptions& opts = {});
+
+// The Prometheus text of one watch (families jobguard_redis_*: docs/alerts.md
+// lists them). `lock_state_losses` is the counter RedisWatcher keeps.
+std::string redis_facts_to_prometheus(const RedisFacts& facts, std::uint64_t lock_state_losses);
+
+struct RedisWatcherOptions {
+  // Time between two watches. Default 15 s: one INFO, one CONFIG GET, six
+  // PINGs, two TIMEs and one HMGET each (docs/alerts.md).
+  std::chrono::milliseconds refresh{15000};
+  // How long text() waits for the first watch after start. Default 1 s.
+  std::chrono::milliseconds first_read_wait{1000};
+  DoctorOptions doctor{};
+};
+
+// Runs watch_redis on its own thread every `refresh` and keeps the
+// Prometheus text ready, so a scrape never waits on Redis. Counts
+// jobguard_redis_lock_state_losses_total: each time the lock-state record's
+// epoch changed, or the record vanished, between two watches (a restart
+// without persistence, a failover, an eviction, a FLUSHALL: grants by an
+// earlier incarnation may still be held). Threads: text() from any thread;
+// the client must outlive the watcher.
+class RedisWatcher {
+ public:
+  RedisWatcher(redis::Client& client, RedisWatcherOptions options = {});
+  ~RedisWatcher();
+  RedisWatcher(const RedisWatcher&) = delete;
+  RedisWatcher& operator=(const RedisWatcher&) = delete;
+
+  std::string text() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The worst status among `results` (ok for none).
 CheckStatus worst(const std::vector<CheckResult>& results) noexcept;

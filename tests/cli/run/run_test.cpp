@@ -18,6 +18,7 @@
 #include "support/postgres_fixture.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
+#include "integration/observe/http_client.hpp"
 
 namespace jobguard::test {
 namespace {
@@ -157,6 +158,11 @@ TEST_F(RunCli, UsageErrorsAre64WithOneLineNamingTheProblem) {
       {{jobguard_binary(), "--redis", url(), "run", "--key", "k", "--ttl", "1ms", "--", "true"}, "--ttl"},
       {{jobguard_binary(), "--redis", "redis://127.0.0.1:99999", "run", "--key", "k", "--", "true"}, "99999"},
       {{jobguard_binary(), "--redis", url(), "run", "--key", "bad{key", "--", "true"}, "bad{key"},
+      {{jobguard_binary(), "--redis", url(), "run", "--key", "k", "--class", "billing nightly", "--", "true"}, "--class"},
+      {{jobguard_binary(), "--redis", url(), "run", "--key", "k", "--class", "a\nb", "--", "true"}, "a\\nb"},
+      {{jobguard_binary(), "--redis", url(), "run", "--key", "k", "--class", "", "--", "true"}, "empty name"},
+      {{jobguard_binary(), "--redis", url(), "run", "--key", "k", "--class", std::string(65, 'c'), "--", "true"},
+       "longer than 64"},
   };
   for (const auto& c : cases) {
     Subprocess p(c.argv);
@@ -165,6 +171,57 @@ TEST_F(RunCli, UsageErrorsAre64WithOneLineNamingTheProblem) {
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find(c.names), std::string::npos) << r.err;
   }
+}
+
+// --class names the lock class the run's numbers are published under: the
+// fleet's numbers that `jobguard stats` and `jobguard serve` report carry it,
+// and the default class "run" got nothing from these runs.
+TEST_F(RunCli, ClassNamesTheFleetNumbersThatStatsAndServeReport) {
+  const auto started = file("started"), go = file("go");
+  Subprocess holder(args({"--key", resource(), "--class", "billing-nightly.v2"}, wait_for_go(started, go)));
+  ASSERT_TRUE(eventually([&] { return exists(started); }, 10s)) << holder.err();
+  const auto busy = run({"--key", resource(), "--class", "billing-nightly.v2"}, {"true"}, {"--log-format", "json"});
+  EXPECT_EQ(busy.status, 75) << busy.err;
+  EXPECT_EQ(nlohmann::json::parse(busy.err).at("lock_class"), "billing-nightly.v2") << busy.err;
+  touch(go);
+  ASSERT_EQ(holder.wait_or_kill(30s).status, 0);
+
+  const auto st = run_jobguard({"--redis", url(), "--json", "stats", "--window", "5m"});
+  ASSERT_EQ(st.status, 0) << st.err;
+  const auto j = nlohmann::json::parse(st.out);
+  ASSERT_EQ(j.at("classes").size(), 1u) << st.out;
+  const auto& c = j.at("classes").at(0);
+  EXPECT_EQ(c.at("class"), "billing-nightly.v2");
+  EXPECT_EQ(c.at("acquisitions"), 1);
+  EXPECT_EQ(c.at("attempts"), 2);
+  EXPECT_EQ(c.at("contended"), 1);
+  EXPECT_EQ(c.at("releases"), 1);
+
+  Subprocess serve({jobguard_binary(), "--redis", url(), "--json", "serve", "--listen", "127.0.0.1:0"});
+  std::uint16_t port = 0;
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto out = serve.out();
+        if (out.find('\n') == std::string::npos) return false;
+        port = nlohmann::json::parse(out.substr(0, out.find('\n'))).at("port").get<std::uint16_t>();
+        return true;
+      },
+      20s))
+      << serve.err();
+  HttpResponse res;
+  ASSERT_TRUE(eventually(
+      [&] {
+        res = http_request(port, "GET", "/metrics");
+        return res.status == 200 && res.body.find("jobguard_fleet_up 1\n") != std::string::npos;
+      },
+      20s))
+      << res.body;
+  EXPECT_NE(res.body.find("jobguard_fleet_lock_acquisitions_total{class=\"billing-nightly.v2\"} 1\n"), std::string::npos)
+      << res.body;
+  EXPECT_NE(res.body.find("jobguard_fleet_lock_contended_total{class=\"billing-nightly.v2\"} 1\n"), std::string::npos);
+  EXPECT_EQ(res.body.find("class=\"run\""), std::string::npos) << res.body;
+  serve.signal(SIGTERM);
+  EXPECT_EQ(serve.wait_or_kill(10s).status, 0);
 }
 
 TEST_F(RunCli, RedisDownIsUnavailableAndCmdDoesNotRun) {
@@ -324,7 +381,7 @@ TEST_F(RunCli, HelpDocumentsEveryExitStatus) {
   const auto r = run_jobguard({"run", "--help"});
   EXPECT_EQ(r.status, 0);
   for (const char* s : {"--key", "--ttl", "--wait", "--timeout", "--grace", "--fence", "--once", "JOBGUARD_KEY",
-                        "JOBGUARD_TOKEN", "JOBGUARD_FENCE", "64", "69", "70", "75", "124", "128+N"})
+                        "JOBGUARD_TOKEN", "JOBGUARD_FENCE", "--class", "64", "69", "70", "75", "124", "128+N"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 

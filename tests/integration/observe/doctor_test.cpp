@@ -14,6 +14,9 @@
 #include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"
 #include "support/tls_certs.hpp"
+#include "integration/observe/exposition_parser.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/lock.hpp"
 
 namespace jobguard::observe {
 namespace {
@@ -403,6 +406,126 @@ TEST(DoctorPgDown, AnUnreachablePostgresIsOneFailure) {
   const auto rs = check_postgres("postgresql://postgres@127.0.0.1:" + std::to_string(pick_free_port()) + "/postgres");
   ASSERT_EQ(rs.size(), 1u);
   EXPECT_EQ(rs[0].status, CheckStatus::fail);
+}
+
+// What `jobguard serve` watches: the read-only checks and their numbers as
+// gauges, a lost lock state seen by its quarantine and counted by the
+// watcher, and a well-formed exposition (also while Redis is down).
+TEST(RedisWatch, ReportsTheDeploymentAsGaugesWithoutWritingAKey) {
+  auto s = start({"--maxmemory-policy", "noeviction"});
+  auto o = options_for(*s);
+  redis::Client c(o);
+  c.wait_connected(2s);
+  DoctorOptions d;
+  d.pings = 1;
+  auto f = watch_redis(c, d);
+  EXPECT_TRUE(f.up);
+  EXPECT_FALSE(f.evicting);
+  EXPECT_FALSE(f.persistent);  // the fixture runs with --save "" --appendonly no
+  EXPECT_EQ(f.replicas_connected, 0);
+  EXPECT_EQ(f.replicas_required, 0);
+  EXPECT_TRUE(f.lock_state_read);
+  EXPECT_FALSE(f.lock_state_record);  // a new server, no client yet
+  EXPECT_THROW(find(f.checks, "acl"), std::runtime_error) << "the acl probe writes keys";
+  EXPECT_EQ(find(f.checks, "eviction").status, CheckStatus::ok);
+  EXPECT_EQ(test::redis_command_at(s->host(), s->port(), "DBSIZE"), "0") << "the watch wrote a key";
+
+  test::redis_command_at(s->host(), s->port(), "CONFIG SET maxmemory 100mb");
+  test::redis_command_at(s->host(), s->port(), "CONFIG SET maxmemory-policy allkeys-lru");
+  test::redis_command_at(s->host(), s->port(), "CONFIG SET appendonly yes");
+  f = watch_redis(c, d);
+  EXPECT_TRUE(f.evicting);
+  EXPECT_TRUE(f.persistent);
+  EXPECT_EQ(find(f.checks, "eviction").status, CheckStatus::fail);
+
+  // A first grant on this server finds no lock-state record: quarantine.
+  RedisWatcherOptions wo;
+  wo.refresh = 50ms;
+  wo.doctor = d;
+  RedisWatcher watcher(c, wo);
+  {
+    redis::Client lc(o);
+    auto svc = LockService::create(lc);
+    LockOptions lo;
+    lo.ttl = 1s;
+    EXPECT_THROW(svc->acquire("watched", lo), Error);
+  }
+  f = watch_redis(c, d);
+  EXPECT_TRUE(f.lock_state_record);
+  EXPECT_GT(f.quarantine_left, 0ms);
+  EXPECT_LE(f.quarantine_left, 60s);
+  EXPECT_FALSE(f.quarantine_reason.empty());
+  test::Exposition e;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        e = test::parse_exposition(watcher.text());
+        return e.samples.count("jobguard_redis_quarantine_seconds") && e.samples["jobguard_redis_quarantine_seconds"] > 0;
+      },
+      10s))
+      << watcher.text();
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
+  EXPECT_EQ(e.samples["jobguard_redis_up"], 1);
+  EXPECT_EQ(e.samples["jobguard_redis_evicting"], 1);
+  EXPECT_EQ(e.samples["jobguard_redis_persistent"], 1);
+  EXPECT_EQ(e.samples["jobguard_redis_lock_state_record"], 1);
+  EXPECT_EQ(e.samples["jobguard_redis_check_status{check=\"eviction\"}"], 2);
+  EXPECT_EQ(e.type["jobguard_redis_evicted_keys_total"], "counter");
+  EXPECT_EQ(e.samples["jobguard_redis_lock_state_losses_total"], 0);
+
+  // The record vanishes (a FLUSHALL): the watcher counts a loss.
+  test::redis_command_at(s->host(), s->port(), "FLUSHALL");
+  ASSERT_TRUE(test::eventually(
+      [&] { return test::parse_exposition(watcher.text()).samples["jobguard_redis_lock_state_losses_total"] == 1; },
+      10s))
+      << watcher.text();
+  e = test::parse_exposition(watcher.text());
+  EXPECT_EQ(e.samples["jobguard_redis_lock_state_record"], 0);
+
+  // Redis gone: up 0, the connection check FAILs, no made-up numbers.
+  s->stop();
+  ASSERT_TRUE(test::eventually(
+      [&] { return test::parse_exposition(watcher.text()).samples["jobguard_redis_up"] == 0; }, 20s))
+      << watcher.text();
+  e = test::parse_exposition(watcher.text());
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
+  EXPECT_EQ(e.samples.count("jobguard_redis_evicting"), 0u) << watcher.text();
+  EXPECT_EQ(e.samples["jobguard_redis_check_status{check=\"connection\"}"], 2);
+  EXPECT_EQ(e.type["jobguard_redis_evicting"], "gauge");  // the schema stays
+}
+
+// The replica numbers behind the replica alerts: connected, healthy (online,
+// acknowledging) and required (replicas= of the URL), from a real primary
+// whose one replica is stopped (SIGSTOP) and resumed.
+TEST(RedisWatch, CountsHealthyReplicasAgainstTheRequiredOnes) {
+  auto primary = start({});
+  auto replica = start({"--replicaof", primary->host(), std::to_string(primary->port())});
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        return test::redis_command_at(primary->host(), primary->port(), "INFO replication").find("state=online") !=
+               std::string::npos;
+      },
+      10s));
+  auto o = options_for(*primary);
+  o.lock_replicas = 2;
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(2s));
+  DoctorOptions d;
+  d.pings = 1;
+  auto f = watch_redis(c, d);
+  EXPECT_EQ(f.replicas_connected, 1);
+  EXPECT_EQ(f.replicas_healthy, 1);
+  EXPECT_EQ(f.replicas_required, 2);
+  EXPECT_EQ(find(f.checks, "replica_confirmation").status, CheckStatus::fail);
+  const auto e = test::parse_exposition(redis_facts_to_prometheus(f, 0));
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
+  EXPECT_EQ(e.samples.at("jobguard_redis_replicas_required"), 2);
+  EXPECT_EQ(e.samples.at("jobguard_redis_replicas_healthy"), 1);
+  // A replica that stops acknowledging is connected but not healthy.
+  replica->pause();
+  EXPECT_TRUE(test::eventually([&] { return watch_redis(c, d).replicas_healthy == 0; }, 15s));
+  EXPECT_EQ(watch_redis(c, d).replicas_connected, 1);
+  replica->resume();
+  EXPECT_TRUE(test::eventually([&] { return watch_redis(c, d).replicas_healthy == 1; }, 15s));
 }
 
 }  // namespace

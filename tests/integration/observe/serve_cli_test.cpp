@@ -153,10 +153,12 @@ TEST(ServeCli, ServesMetricsAndExitsZeroOnSigterm) {
   EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
   EXPECT_EQ(e.type.at("jobguard_lock_hold_seconds"), "histogram");
   EXPECT_EQ(e.type.at("jobguard_lock_acquisitions_total"), "counter");
-  // A fresh process: of its own only build info (the jobguard_fleet_* families
-  // that follow are read from Redis: docs/observability.md).
+  // A fresh process: of its own only build info (the jobguard_fleet_* and
+  // jobguard_redis_* families that follow are read from Redis:
+  // docs/observability.md, docs/alerts.md).
   std::size_t own = 0;
-  for (const auto& [name, v] : e.samples) own += name.rfind("jobguard_fleet_", 0) != 0;
+  for (const auto& [name, v] : e.samples)
+    own += name.rfind("jobguard_fleet_", 0) != 0 && name.rfind("jobguard_redis_", 0) != 0;
   ASSERT_EQ(own, 1u);
   EXPECT_EQ(e.samples.begin()->first.rfind("jobguard_build_info{version=", 0), 0u);
   EXPECT_EQ(http_request(port, "GET", "/nope").status, 404);
@@ -199,6 +201,17 @@ TEST(ServeCli, MalformedListenIsAOneLineUsageError) {
     EXPECT_EQ(c.wait_exit(10s), 64) << bad;
     const std::string err = c.drain_stderr();
     EXPECT_NE(err.find(bad), std::string::npos) << err;
+    ASSERT_FALSE(err.empty());
+    EXPECT_EQ(err.find('\n'), err.size() - 1) << "more than one line: " << err;
+  }
+}
+
+TEST(ServeCli, MalformedRedisCheckIntervalIsAOneLineUsageError) {
+  for (const std::string bad : {"soon", "0s", "-1s"}) {
+    Child c({"serve", "--listen", "127.0.0.1:0", "--redis-check-interval", bad});
+    EXPECT_EQ(c.wait_exit(10s), 64) << bad;
+    const std::string err = c.drain_stderr();
+    EXPECT_NE(err.find("--redis-check-interval"), std::string::npos) << err;
     ASSERT_FALSE(err.empty());
     EXPECT_EQ(err.find('\n'), err.size() - 1) << "more than one line: " << err;
   }
