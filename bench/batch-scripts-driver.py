@@ -6,7 +6,7 @@
 # sends (a moderate class, the key's write deferred), on the server at PORT.
 # Composed from ROOT's .lua files as src/job/fused.cpp composes them. Meant to
 # run against a server under callgrind, to count what the scripts cost in
-# instructions (docs/bench.md, 2026-12-03 19:xx):
+# instructions (docs/bench.md, *Figures behind design choices*):
 #   valgrind --tool=callgrind --callgrind-out-file=cg.out redis-server --port P --save '' &
 #   PYTHONHASHSEED=0 python3 bench/batch-scripts-driver.py . P 250; redis-cli -p P shutdown nosave
 # then (instructions with 250 rounds - with 0 rounds) / 4000 is per job.

@@ -16,7 +16,7 @@
 # the two alternate R times (the server emptied before each), and the ratios
 # of every round are printed with their median: on a shared 2-core host one
 # pair's ratio moves by half either way within minutes (docs/bench.md).
-# Prints one JSON object with every figure and the ratios the issues quote.
+# Prints one JSON object with every figure and the ratios docs/bench.md quotes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=3 workers=64 peers=0 rounds=3 rounds_set=0 conns="1 2" jobs=0 concurrency=1,64

@@ -48,11 +48,10 @@ using Commands = std::vector<std::pair<CLI::App*, Action>>;
 
 // One per cmd_<name>.cpp: adds the subcommand `<name>` to the root app and
 // its action(s) to `out`. Called once at startup, in main.cpp's kCommands order.
-// (This replaces the old self-registration: a file that still ends with
-// `JOBGUARD_COMMAND(add);` inside its anonymous namespace becomes
+// A new subcommand's file ends with
 //   }  // namespace
 //   void add_<name>(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
-// plus a declaration here and a line in kCommands.)
+// plus a declaration here and a line in kCommands.
 void add_bench(CLI::App& root, Globals& g, Commands& out);
 void add_demo(CLI::App& root, Globals& g, Commands& out);
 void add_jobs(CLI::App& root, Globals& g, Commands& out);

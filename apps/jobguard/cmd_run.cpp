@@ -1,7 +1,7 @@
 // `jobguard run`: a distributed flock(1). Holds KEY in Redis while CMD runs in
 // its own process group, renews the lease, and stops CMD when the lease is
 // lost or the hard timeout passes. The exit statuses are a contract
-// (BRIEF.md section 2); the --help text below is their documentation.
+// (scripts depend on them); the --help text below is their documentation.
 //
 // The work is job::run_locked (acquire, --once, CMD under job::Supervisor,
 // release); this file parses flags, reports events and maps the result to the

@@ -11,8 +11,8 @@ namespace jobguard {
 
 // The longest duration any option accepts. Bounding every duration here keeps
 // arithmetic on deadlines (now + timeout, TTL in ms sent to Redis) far from
-// overflow: "--timeout 3000000h" used to wrap to a deadline in the past and
-// fire at once, "--ttl 3000000h" to set a 342-year key.
+// overflow: without the bound "--timeout 3000000h" would wrap to a deadline
+// in the past and fire at once, and "--ttl 3000000h" set a 342-year key.
 inline constexpr std::chrono::hours kMaxDuration{24 * 30};
 
 // Throws jobguard::Error(errc::invalid_argument) naming the bad text and, when
@@ -23,7 +23,8 @@ std::chrono::microseconds parse_duration(std::string_view text, std::string_view
 
 // The same for settings kept in whole milliseconds (TTLs, timeouts, waits):
 // also refuses a sub-millisecond part ("500us", "1500us"), which would
-// otherwise be rounded away silently — "500us" used to mean "no timeout".
+// otherwise be rounded away silently: "500us" would become 0 ms, which every
+// option reads as "no timeout".
 std::chrono::milliseconds parse_duration_ms(std::string_view text, std::string_view what = {});
 
 // "1.5s", "250ms", "40us": the shortest exact-enough rendering for humans.

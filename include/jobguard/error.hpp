@@ -1,5 +1,5 @@
 // One error story for all of jobguard. Every failure carries an `errc`, and
-// every errc maps to what the caller should do next (STYLE.md principle 2):
+// every errc maps to what the caller should do next:
 // retry the call, restart the attempt, stop, or consult the idempotency record
 // because the side effect is in doubt. "Lock is busy" is a result, not an error.
 #pragma once

@@ -10,7 +10,7 @@
 
 namespace jobguard::detail {
 
-// getpid() is a syscall (glibc no longer caches it) and showed in profiles of
+// getpid() is a syscall (glibc does not cache it) and showed in profiles of
 // the acquire path: read once, and again by a fork handler in the child.
 pid_t process_id() noexcept;
 

@@ -22,8 +22,8 @@ using detail::from_ms;
 
 // ':' separates the parts and '%' escapes: distinct triples, distinct keys.
 // Appended in place, not formatted: a guarded job builds this key once or
-// twice, and fmt's parsing and the parts' temporaries were some thousands of
-// the client's instructions a job (callgrind, docs/bench.md, 2026-12-04).
+// twice, and fmt's parsing and the parts' temporaries cost the client
+// thousands of instructions a job (see docs/bench.md).
 void append_part(std::string& out, std::string_view s) {
   for (char c : s) {
     if (c == '%') out.append("%25", 3);

@@ -34,7 +34,7 @@ EncodedBatch encode_batch(std::vector<std::vector<std::string>> keys, std::vecto
 // loop, and sends them as one call of its `many` form: one request, one
 // reply, and on the server one script run that makes the common case's
 // commands once for all (each redis.call, not the request, is most of a
-// guarded job's cost there; docs/bench.md, the job path). A turn with one
+// guarded job's cost there; see docs/bench.md). A turn with one
 // call sends `one` as it is, so a lone job's latency and its server work are
 // unchanged. Each caller gets its own call's reply, or the whole call's
 // error: a batch in doubt leaves every call in it in doubt, as each would
@@ -54,13 +54,10 @@ class ScriptBatcher : public std::enable_shared_from_this<ScriptBatcher> {
   // server idles while the client runs the jobs of a reply, then the client
   // idles while the server runs the next batch. Several smaller calls in one
   // write let the two overlap, as kFlushEvery does for a connection
-  // (src/redis/connection.hpp). `jobguard bench --jobs 20000 --concurrency
-  // 64`, server on core 0, bench on core 1 (2026-12-03 16:40 UTC): 35.4-35.5k
-  // jobs/s with 16 (two runs), 30-34k with 12, 20 and 24, 22.8-24.7k with
-  // 64, 28.7-29.2k with 8. With batches sent at the end of the turn, one run
-  // in six still fell back to taking turns (24k); a full batch now goes at
-  // once, weighted (CallOptions::weight), so the connection writes it while
-  // the client works through the rest of the read: 32.9-36.1k in six of six.
+  // (src/redis/connection.hpp). 16 did best of 8 to 64 (see docs/bench.md).
+  // Batches sent only at the end of the turn can still fall back to taking
+  // turns, so a full batch goes at once, weighted (CallOptions::weight): the
+  // connection writes it while the client works through the rest of the read.
   static constexpr std::size_t kMaxBatch = 16;
 
   ScriptBatcher(redis::Client& client, const redis::Script& one, const redis::Script& many,

@@ -201,17 +201,17 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   // (release.lua), and that waiter's acquire is still on its way: the lock is
   // free until it lands. A holder that loops (release, then at once wait for
   // the same lock again) would take it back first almost every time its
-  // acquire beats the woken waiter's — measured at 6-11 % of handoffs on a
-  // slow host, each one sending the woken waiter to the back of its wait and
+  // acquire beats the woken waiter's — on a slow host often enough to matter
+  // (see docs/bench.md), each one sending the woken waiter to the back of its wait and
   // stretching the tail of every worker's wait. So our next waiting acquire
   // of that resource holds its first attempt until the instant here: one of
   // the release's round trips from its reply (at least 200 us, at most 5 ms).
   // The wake left the server with our reply, so by then the woken waiter's
   // attempt has normally landed, and we join the line behind it. Longer is
   // worse: a yield that outlasts the woken waiter's hold lands in the next
-  // handoff's gap and takes the lock from the next woken waiter (measured:
-  // three round trips, at least 1 ms, raised the p99 wait above no yield at
-  // all with a 1 ms hold; docs/bench.md). It then asks as usual, so a woken
+  // handoff's gap and takes the lock from the next woken waiter (three
+  // round trips raise the p99 wait above no yield at all with a 1 ms hold:
+  // see docs/bench.md). It then asks as usual, so a woken
   // waiter that died costs the loop that little and no more; a live one
   // costs it nothing, as it would find the lock taken anyway. Try-once
   // acquires never wait for it: their caller wants an answer now.
@@ -387,7 +387,8 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
     // Not kept for the next wait: Redis delivers a message to a channel's
     // subscribers in the order they subscribed, and plain waiters race to the
     // free lock, so a subscription kept across waits made the same workers win
-    // every time (bench --contention: max share deviation 53 % instead of 5-9 %).
+    // every time (`bench --contention`'s shares drift far apart: see
+    // docs/bench.md).
     // Subscribing afresh puts the last winner at the back.
     subscriber->unsubscribe(ch.id);
     channels.erase(it);

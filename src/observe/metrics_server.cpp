@@ -313,7 +313,8 @@ struct MetricsServer::Impl {
   }
 
   // At the limit, the connection idle longest makes room: a flood of idle
-  // connections (64 used to lock every scrape out) then only churns itself.
+  // connections (without it, 64 of them lock every scrape out) then only
+  // churns itself.
   bool make_room() {
     if (live_sessions() < opt.max_connections) return true;
     std::shared_ptr<Session> victim;

@@ -4,7 +4,7 @@
 // timeouts, and reconnection with backoff. The Client multiplexes callers
 // over a few of these; the Subscriber runs one in push mode (pub/sub
 // messages are handed to it instead of matched to requests). One transport,
-// one error classification for both (issue #10 item 6).
+// one error classification for both.
 //
 // Threads: event-loop thread only. Every asynchronous operation holds a
 // shared_ptr to the connection, so it outlives its handlers; it never refers
@@ -107,10 +107,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // Without it one connection ping-pongs: the server idles while we run a
     // whole read's completions (64 resumed callers), then we idle while it
     // runs the batch they asked for. Sending every 16 completions' worth as
-    // soon as it exists lets the two overlap: `jobguard bench --connections 1`
-    // went from 79-108k to 141-180k lock ops/s on a 2-core machine (16:05 UTC
-    // 2026-11-30; 4, 8 and 32 did about as well, none did worse over 2
-    // connections). Order is kept: one write at a time, in submission order.
+    // soon as it exists lets the two overlap (one connection's lock pairs a
+    // second rise by half or more; 4, 8 and 32 do about as well: see
+    // docs/bench.md). Order is kept: one write at a time, in submission order.
     mux_.set_flush(kFlushEvery, &Connection::flush_now, this);
   }
 
@@ -619,9 +618,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     // LAN the kernel takes the whole batch, and the write is over here. An
     // async_write would take the same bytes now but hold the connection as
     // writing until its handler has had a turn of the loop, so the commands
-    // callers submit meanwhile wait for that turn. Measured: 8 alternating
-    // pairs of `jobguard bench --jobs 30000 --concurrency 64`, median guarded
-    // jobs/s 26.8k -> 31.3k (docs/bench.md, 2026-12-04). What the kernel does
+    // callers submit meanwhile wait for that turn, which costs guarded jobs a
+    // second at high concurrency (see docs/bench.md). What the kernel does
     // not take now (a full socket buffer), and any error, goes the async way:
     // its handler reports a broken connection as before, from the loop, never
     // from inside the call that submitted or from a read's completions.

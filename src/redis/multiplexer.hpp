@@ -40,7 +40,7 @@ struct ReplyLimits {
 // which would otherwise size an array by its declared count and buffer a
 // bulk string whole before looking at it: `*2000000000` aborted the process,
 // `*20000000` stalled the loop for seconds, `$<gigabytes>` buffered without
-// bound (issue #12 item 5). Keeps only the open arrays' remaining counts and
+// bound. Keeps only the open arrays' remaining counts and
 // a few bytes of the header line being read, so its memory is bounded too.
 // Not thread-safe; one per connection.
 class ReplyLimiter {

@@ -3,9 +3,9 @@
 -- writes them (src/guard/scripts.hpp, with_stored_format), so the scripts
 -- have one reader and one writer of each format. (The record's find reads it
 -- too, in C++: src/guard/completion.cpp, parse_find, for a plain GET.)
--- Why strings: as hashes each write was HSET + PEXPIRE, two of the five
--- commands a guarded job's scripts make, and every redis.call is a good part
--- of the job's cost on the server (docs/bench.md).
+-- Why strings: as a hash each write would be HSET + PEXPIRE, two commands
+-- where one does, and every redis.call is a good part of a guarded job's
+-- cost on the server (see docs/bench.md).
 --   key:    'i1 <state> <since> <lease_until> <done>\n' .. fp .. '\n' .. owner .. '\n' .. result
 --   record: 'r1 <at>\n' .. by .. '\n' .. result
 -- Times are the server's ms; <done> is '-' while in progress; the result is
@@ -15,11 +15,11 @@
 --   key:    'i1 <state> <since> <lease_until> <done> <#fp> <#owner>\n' .. fp .. owner .. result
 --   record: 'r1 <at> <#by>\n' .. by .. result
 -- Not lengths always: Lua makes a number a string with a printf of a double,
--- and the three lengths cost the server about 5,000 instructions a guarded
--- job, some 2.5 % of it (callgrind, docs/bench.md).
--- jobguard before this format wrote both as hashes (fields state, fp,
--- owner, since, lease_until, result, done; and at, by, result). Such a key or
--- record is still read here, for as long as its retention keeps it, and a
+-- and three lengths in every head are a measurable share of a guarded job's
+-- server cost (see docs/bench.md).
+-- The older format stores both as hashes (fields state, fp, owner, since,
+-- lease_until, result, done; and at, by, result). Such a key or record is
+-- still read here, for as long as its retention keeps it, and a
 -- write replaces it with the string (SET replaces a key of any type).
 
 local stored_find = string.find

@@ -9,9 +9,8 @@
 --       by call.
 -- KEYS: every call's keys, in call order.
 -- Why shared values: each argument is a string the server parses, copies and
--- makes a Lua string, about 1,000 instructions; a guarded job's claim and
--- finish carry 21, of which 12 are the same for every job (TTLs, retention,
--- flags; callgrind, docs/bench.md).
+-- makes a Lua string, and most of a guarded job's claim and finish arguments
+-- are the same for every job (TTLs, retention, flags; see docs/bench.md).
 -- Returns n; nk; na; key(i, j), call i's j-th key; arg(i, j), its j-th
 -- argument; parts(i), its own KEYS and ARGV as tables; num, tonumber
 -- remembered for the call (a batch's counts and TTLs repeat, and tonumber is

@@ -16,9 +16,8 @@
 -- resource), and none reads what another writes.
 -- Call i's j-th argument is read inline as `s_j or ARGV[a_j + (i - 1) * np]`
 -- (batch_layout.lua), not through arg(i, j): a Lua function call is some
--- hundreds of server instructions, and the common finish read sixteen a job
--- that way (about 8,000 instructions a job; callgrind, docs/bench.md, the
--- sitting of 2026-12-03 22:25).
+-- hundreds of server instructions, and the common finish would read sixteen
+-- arguments a job that way (see docs/bench.md).
 local n, nk, na, key, arg, parts, num, sh, at, np = batch_layout(KEYS, ARGV)
 local out, maybe, locks = {}, {}, {}
 if nk == 4 and na == 12 then

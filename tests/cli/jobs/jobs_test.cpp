@@ -164,9 +164,9 @@ TEST_F(JobsCli, WorkUsageErrorsAre64NamingTheProblem) {
 }
 
 // A class TTL the URL's max_ttl refuses: every acquire would refuse it, so
-// the worker refuses to start, before it reads a job. (It used to abort the
-// process from its event loop: an exception thrown inside an awaited
-// operation's start escaped to io_context::run.)
+// the worker refuses to start, before it reads a job. (The hazard: an
+// exception thrown inside an awaited operation's start escapes to
+// io_context::run and aborts the process from its event loop.)
 TEST_F(JobsCli, WorkWithATtlAboveTheMaxTtlIs64BeforeAnyJobIsTaken) {
   add({"id=1"});
   Subprocess p({jobguard_binary(), "--redis", url() + "?max_ttl=2s", "jobs", "work", "--stream", stream_, "--class",

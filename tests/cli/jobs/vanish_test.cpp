@@ -1,9 +1,9 @@
 // `jobguard jobs work` keeps working when its stream or consumer group
 // vanishes under it: a DEL of the stream while the worker is blocked reading
-// it (UNBLOCKED), and a Redis restart without persistence (NOGROUP). Issue
-// #12 item 7: both made the worker exit 64. And when its connection silently
-// dies (a frozen TCP relay, like a dropped NAT entry): item 6, a worker that
-// logged "deadline exceeded" for ever.
+// it (UNBLOCKED), and a Redis restart without persistence (NOGROUP); neither
+// may make the worker exit 64. And when its connection silently dies (a
+// frozen TCP relay, like a dropped NAT entry), it must not log "deadline
+// exceeded" for ever.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-// `jobguard run` against replicated deployments (issue #15): `replicas=1` on
+// `jobguard run` against replicated deployments: `replicas=1` on
 // the URL confirms the grant with WAIT, a stopped replica makes the run fail
 // closed (exit 69, one line, CMD not run), and a redis+sentinel:// URL finds
 // the primary through the sentinels.

@@ -1,8 +1,8 @@
 // `jobguard run` against a server that refuses to serve: the server's own
 // words, its host:port and the key reach the user in one line, and the exit
-// status says "unavailable" (69), not "usage" (issues #10 and #12): OOM,
+// status says "unavailable" (69), not "usage": OOM,
 // READONLY, MASTERDOWN and LOADING from real redis-servers put in that state,
-// and replies over the client's limits from a hostile peer (#12 item 5).
+// and replies over the client's limits from a hostile peer.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -113,10 +113,10 @@ TEST_F(RunServerErrors, ServerStillLoadingItsDatasetGivesItsLoadingTextAndExit69
   server->kill();  // no need to wait out the load
 }
 
-// Issue #12 item 5 where the user meets it: a peer on the Redis port that
-// declares two billion elements aborted the process (std::bad_alloc), twenty
-// million blocked it for seconds, a 4 GB bulk string was buffered. Each is
-// now a protocol error naming the limit, and the run fails closed like any
+// Reply limits where the user meets them: a peer on the Redis port that
+// declares two billion elements would abort an unbounded reader
+// (std::bad_alloc), twenty million block it for seconds, a 4 GB bulk string
+// be buffered. Each is a protocol error naming the limit, and the run fails closed like any
 // unusable server: 69, CMD not run, never a crash.
 TEST_F(RunServerErrors, RepliesOverTheClientsLimitsAreRefusedExit69AndNeverCrash) {
   struct Case {

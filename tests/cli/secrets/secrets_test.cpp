@@ -39,8 +39,8 @@ class SecretsCli : public jobguard::test::CliTest {};
 
 }  // namespace
 
-// Issue #12 item 8: the password "se/cr?et" was split at '/', and the error
-// quoted a piece of it as the port.
+// The password "se/cr?et" must not be split at '/', nor the error
+// quote a piece of it as the port.
 TEST(SecretsCliNoServer, PasswordWithSlashAndQuestionMarkIsNeverPrinted) {
   // Port 1 on loopback: nothing listens, so the run fails closed (69)
   // after parsing the URL; no redis-server needed.
@@ -83,7 +83,7 @@ TEST(SecretsCliNoServer, MalformedPostgresUrlIsNotEchoedWithItsPassword) {
   }
 }
 
-// Issue #12 item 9, where the user meets it.
+// The duration bounds, where the user meets them.
 TEST(SecretsCliNoServer, DurationsAreBoundedAndNeverRoundToNothing) {
   struct Case {
     std::vector<std::string> args;

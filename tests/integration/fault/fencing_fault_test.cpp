@@ -1,4 +1,4 @@
-// Fault tests of the fencing story (issue 4): several real `jobguard run
+// Fault tests of the fencing story: several real `jobguard run
 // --fence` workers add 1 to one PostgreSQL row through a fenced UPDATE
 // (`... WHERE fence < $JOBGUARD_FENCE`) and record every attempt in an audit
 // table, while the test

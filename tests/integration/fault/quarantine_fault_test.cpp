@@ -1,4 +1,4 @@
-// Issue 12, item 1: Redis losing lock state must not let a second holder join
+// Redis losing lock state must not let a second holder join
 // the first. Real `jobguard run --fence` workers take jobs one after another
 // (all of them contend for the current one); each job's CMD reads whether the
 // job is done, works for a while (the window a fault lands in), then applies
@@ -55,7 +55,7 @@ constexpr const char* kEffectSeconds = "0.6";
 // When a fault lands, counted from the start of the holder's CMD: after its
 // lease's first renewal (ttl/3 from the grant) and 200 ms before its write,
 // so the holder's next renewal comes only after it has written: the fault
-// goes unnoticed by the holder, as in the issue ("100 ms from writing").
+// goes unnoticed by the holder, which writes shortly after it.
 constexpr auto kFaultAfter = 400ms;
 constexpr int kWorkers = 3;
 constexpr auto kRunFor = 6s;       // new jobs are taken for this long

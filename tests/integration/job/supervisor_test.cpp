@@ -66,8 +66,8 @@ TEST_F(SupervisorTest, SeveralChildrenOnOneLoopEachGetTheirOwnOutcome) {
   auto timeout = sh("exec sleep 30");
   timeout.timeout = 200ms;
   // It says when its trap is set: a SIGTERM before that would end it, and
-  // the SIGKILL after the grace would never be needed (a flaky failure seen
-  // on a loaded host, 2026-12-04).
+  // the SIGKILL after the grace would never be needed (a loaded host can
+  // deliver it before the trap is set).
   const std::string trapped = file("stubborn-trapped");
   auto stubborn = sh("trap '' TERM; : > \"$0\"; while :; do sleep 0.05; done", {trapped});
   auto stops_itself = sh("kill -STOP $$; exit 9");

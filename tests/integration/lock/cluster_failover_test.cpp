@@ -1,4 +1,4 @@
-// Locks through a Redis Cluster failover, across processes (issue #15): six
+// Locks through a Redis Cluster failover, across processes: six
 // worker processes take locks on three resources, one on each shard, over
 // and over through a `?cluster=yes` URL while the test fails one shard over
 // (`CLUSTER FAILOVER` on its replica: coordinated, the replica catches up

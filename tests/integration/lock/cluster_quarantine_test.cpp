@@ -1,4 +1,4 @@
-// The lock-state quarantine on a Redis Cluster (issue #15): each primary
+// The lock-state quarantine on a Redis Cluster: each primary
 // keeps its own record, so a shard that restarts empty — no replica, no
 // persistence — is found by its own record, whichever shard the one-server
 // record (jobguard:epoch) lives on. The shard restarted here is, on purpose,

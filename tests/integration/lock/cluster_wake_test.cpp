@@ -1,5 +1,5 @@
-// Lock waiters on a real Redis Cluster are woken by sharded pub/sub (issue
-// #15): each waiter's channel is SSUBSCRIBEd on its slot's primary and the
+// Lock waiters on a real Redis Cluster are woken by sharded pub/sub:
+// each waiter's channel is SSUBSCRIBEd on its slot's primary and the
 // release SPUBLISHes there. 3 primaries + 3 replicas per test (ClusterRedis).
 //
 // How "woken by pub/sub" is told apart from "found it at its next poll": the

@@ -1,4 +1,4 @@
-// Replica-confirmed grants (issue #15): a grant, a renewal and a fence are
+// Replica-confirmed grants: a grant, a renewal and a fence are
 // confirmed with WAIT on the connection that wrote them before the holder is
 // told; too few acknowledgements release the grant (fail-closed) or keep it
 // with a warning. Real servers: a primary and a replica started by

@@ -1,4 +1,4 @@
-// Locks through a Sentinel failover, across processes (issue #15): four
+// Locks through a Sentinel failover, across processes: four
 // worker processes take one lock over and over through a
 // redis+sentinel:// URL while the test forces `SENTINEL FAILOVER`. Each
 // holder marks the critical section with an O_EXCL file (a second holder

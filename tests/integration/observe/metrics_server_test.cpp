@@ -260,8 +260,8 @@ TEST(MetricsServer, MalformedAndOversizedRequestsGetTheirOwn4xx) {
   EXPECT_EQ(http_request(port, "GET", "/metrics").status, 200);
 }
 
-// Issue #12 item 10: 64 idle connections locked out every scrape until their
-// deadlines passed. The idle ones are now evicted for newcomers.
+// Without eviction 64 idle connections would lock out every scrape until
+// their deadlines passed: the idle ones are evicted for newcomers.
 TEST(MetricsServer, IdleConnectionsAtTheLimitAreEvictedForAScrape) {
   Registry r;
   MetricsServerOptions o = ephemeral();

@@ -284,7 +284,7 @@ TEST(ServeCli, WarnsOnANonLoopbackBind) {
   EXPECT_NE(err.find("reachable from other hosts"), std::string::npos) << err;
 }
 
-// Issue #12 item 6 in a long-lived process: serve's connection to Redis dies
+// A frozen link in a long-lived process: serve's connection to Redis dies
 // silently (a frozen TCP relay: no reset, no FIN, like a dropped NAT entry).
 // /healthz says so, and after the client's three timeouts in a row the
 // connection is replaced: /healthz is 200 again without a restart.
@@ -333,8 +333,8 @@ TEST(ServeCli, UnknownPathsMethodsAndMalformedRequestsGetTheir4xx) {
   EXPECT_EQ(c.wait_exit(10s), 0);
 }
 
-// Issue #12 item 10: 64 idle connections locked every scrape out. Now 1,000
-// idle connections are open and a scrape is still answered.
+// Idle connections must not lock a scrape out: 1,000 idle connections are
+// open and a scrape is still answered.
 TEST(ServeCli, AThousandIdleConnectionsDoNotStarveAScrape) {
   // The test holds 1,000 sockets itself: raise its soft descriptor limit.
   rlimit lim{};

@@ -1,4 +1,4 @@
-// The client on a real Redis Cluster (issue #15): 3 primaries and 3 replicas
+// The client on a real Redis Cluster: 3 primaries and 3 replicas
 // started by the fixture (ClusterRedis). Commands go to their key's primary
 // from the slot map (CLUSTER SHARDS); MOVED is followed after a CLUSTER
 // FAILOVER and ASK during a slot migration; locks work on every shard.

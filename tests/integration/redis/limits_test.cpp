@@ -1,5 +1,5 @@
 // The client against a hostile server (replies over the reply limits) and a
-// frozen link (a TCP relay that stops forwarding): issue #12 items 5 and 6.
+// frozen link (a TCP relay that stops forwarding).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -130,7 +130,7 @@ TEST(RedisReplyLimits, OutOfRangeLimitsAreRefusedAtConstruction) {
 
 class RedisLiveness : public RedisTest {};
 
-// Issue #12: TCP keepalive on every connection, the subscriber's included, so
+// TCP keepalive on every connection, the subscriber's included, so
 // a peer that vanished is noticed by the kernel while no call is in flight.
 TEST_F(RedisLiveness, ClientAndSubscriberConnectionsCarryTheConfiguredKeepalive) {
   ConnectionOptions o = options();

@@ -1,4 +1,4 @@
-// The client behind Redis Sentinel (issue #15): a primary, two replicas and
+// The client behind Redis Sentinel: a primary, two replicas and
 // three redis-sentinel processes started by the fixture (SentinelRedis) on
 // free loopback ports. The client asks a sentinel for the primary on every
 // (re)connect, checks ROLE before sending anything, learns the other

@@ -1,6 +1,6 @@
 // The subscriber on the client's transport: the same handshake (AUTH, SELECT,
 // CLIENT SETNAME) and reply reader, and what the server refuses is reported
-// instead of dropped (issue #10 item 6).
+// instead of dropped.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -132,7 +132,7 @@ TEST_F(RedisSubscriber, LockWaiterWithoutPubSubRightsSaysSoAndStillGetsTheLockBy
   EXPECT_TRUE(warnings.any_contains("fall back to polling")) << "the refusal is logged through on_warning";
 }
 
-// Issue #12: "the subscriber reconnects the same way" as the client. A
+// The subscriber reconnects the same way as the client. A
 // subscribed connection sends nothing once confirmed, so a frozen link (a TCP
 // relay that stops forwarding and never closes) showed no timeout, and
 // waiters heard no release again until the process restarted. Its heartbeat

@@ -65,7 +65,7 @@ TEST(Duration, AcceptsUpToThirtyDays) {
   EXPECT_EQ(parse_duration("2592000s"), jobguard::kMaxDuration);
 }
 
-// Issue #12 item 9: "--timeout 3000000h" fired at once (the deadline wrapped)
+// Unbounded, "--timeout 3000000h" would fire at once (the deadline wraps)
 // and "--ttl 3000000h" set a 342-year key. Both are now refused up front.
 TEST(Duration, HugeValuesAreRefusedNotWrapped) {
   for (const char* text : {"3000000h", "721h", "720h1us", "2592001s", "719h61m", "99999999999999999999s",
@@ -77,7 +77,7 @@ TEST(Duration, HugeValuesAreRefusedNotWrapped) {
   }
 }
 
-// Issue #12 item 9: "500us" became 0ms, which every option reads as "none".
+// Rounded, "500us" would become 0ms, which every option reads as "none".
 TEST(Duration, MillisecondSettingsRefuseWhatWouldRoundAway) {
   EXPECT_EQ(jobguard::parse_duration_ms("250ms"), 250ms);
   EXPECT_EQ(jobguard::parse_duration_ms("2000us"), 2ms);

@@ -35,7 +35,7 @@ TEST(Conninfo, TargetDescriptionNeverShowsThePassword) {
   EXPECT_EQ(d, "PostgreSQL db.example:6543/app");
 }
 
-// Issue #12 item 8: libpq reads "app:pg/s3cret@db" as host "app", port "pg",
+// libpq reads "app:pg/s3cret@db" as host "app", port "pg",
 // database "s3cret@db:5432/jobs"; none of that may be shown.
 TEST(Conninfo, TargetDescriptionOfASlashyPasswordIsRedacted) {
   PgOptions o;

@@ -476,7 +476,7 @@ TEST(ClassifyErrorReply, SortsServerErrorsByWhatTheCallerDoesNext) {
   EXPECT_EQ(next_step_for(cls("WRONGPASS x")), next_step::stop);
 }
 
-// --- reply limits (issue #12 item 5): a hostile server must not crash, stall
+// --- reply limits: a hostile server must not crash, stall
 // or balloon the client; it gets a protocol error naming the limit. -------------
 
 namespace {

@@ -203,14 +203,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis://h st", "host"},
                       Bad{"redis://h?timeout=500us", "round to nothing"},
                       Bad{"redis://h?timeout=3000000h", "maximum"},
-                      // Issue #12 item 8: the part after the '@' the user forgot
+                      // The part after the '@' the user forgot
                       // is a password, not a port to quote.
                       Bad{"redis://alice:hunter2/0", "port is not a number"},
                       Bad{"redis://:hunter2@h?na\x1bme=1", "unknown option \"na\\x1bme\""},
                       Bad{"redis://h?b\nad=1", "unknown option \"b\\nad\""}));
 
-// Issue #12 item 8: a password holding '/' or '?' was cut at them, and the
-// explanation quoted a piece of it ("port \"hun\" is not a number").
+// A password holding '/' or '?' must not be cut at them, nor the explanation
+// quote a piece of it ("port \"hun\" is not a number").
 TEST(ParseUrl, PasswordWithSlashQuestionMarkAtAndColonParses) {
   auto o = parse_url("redis://:se/cr?et@127.0.0.1:1/0");
   EXPECT_EQ(o.password, "se/cr?et");

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# scripts/check-layers.sh [ROOT]: fails when a part of the library includes a
+# header of a part above it (docs/architecture.md, "Layers and targets").
+#
+# The order, lowest first:
+#   common < redis < observe < lock < guard < pg < job < the CLI
+# and testing (the EmbeddedRedis fixture), which may include common only and
+# which no library part may include.
+#
+# A part is a CMake target, not a folder: src/observe/doctor.cpp builds into
+# jobguard_job (it reads locks, streams and the catalog and checks
+# PostgreSQL), so it may include job's headers; what builds where is read
+# from the target_sources() calls in src/*/CMakeLists.txt. A header belongs to
+# the target that builds the source of the same name
+# (include/jobguard/observe/doctor.hpp -> src/observe/doctor.cpp -> job); a
+# private header with no such source to the lowest target whose files include
+# it (src/observe/dashboard_internal.hpp -> job); else to its folder's part.
+# Every #include "…" in src/ and include/jobguard/ is checked: the includer's
+# part must not be below the included header's.
+#
+# Exit 0: no upward include. Exit 1: each upward include on one line (file,
+# its part, the header, its part), or a file the script cannot place (a .cpp
+# in no target_sources(), a header it cannot resolve, a new top-level public
+# header it has no part for): add it here, in the part it belongs to.
+set -euo pipefail
+root=$(cd "${1:-$(dirname "${BASH_SOURCE[0]}")/..}" && pwd)
+cd "$root"
+
+declare -A level=([common]=0 [redis]=1 [observe]=2 [lock]=3 [guard]=4 [pg]=5 [job]=6 [testing]=0)
+
+# Public headers directly under include/jobguard/, by part. jobguard.hpp is
+# the umbrella header: it may include anything, and nothing may include it.
+declare -A top=([error.hpp]=common [duration.hpp]=common [clock.hpp]=common [text.hpp]=common
+                [version.hpp]=common [lock.hpp]=lock [lease.hpp]=lock [admin.hpp]=lock
+                [async.hpp]=lock [quorum.hpp]=lock)
+
+# Known edges that look upward and are not: pg's public header sits in the
+# guard folder and declares the value types (PgOptions, FenceCompare,
+# FenceOutcome) that guard's own headers use; pg's classes declared next to
+# guard's (PgCompletionStore, PgIdempotencyStore) are defined only in pg's
+# sources. guard does not link pg, so guard code that called into pg would
+# fail to link (tests/consumer builds a lock-only program). "includer header".
+allowed_edges=" include/jobguard/guard/completion.hpp>include/jobguard/guard/postgres.hpp
+ include/jobguard/guard/fence_check.hpp>include/jobguard/guard/postgres.hpp
+ include/jobguard/guard/idempotency.hpp>include/jobguard/guard/postgres.hpp "
+
+problems=()
+
+# Which target each source builds into: src/<dir>/<file>.cpp -> part.
+declare -A target_of
+for cml in src/*/CMakeLists.txt; do
+  dir=${cml%/CMakeLists.txt}
+  # Join the file, then take every target_sources(jobguard_<part> ...) call.
+  while read -r part files; do
+    for f in $files; do
+      [[ $f == *.cpp ]] && target_of[$dir/$f]=$part
+    done
+  done < <(tr '\n' ' ' < "$cml" | grep -oE 'target_sources\(jobguard_[a-z]+[^)]*\)' |
+           sed -E 's/^target_sources\(jobguard_([a-z]+) (PRIVATE|PUBLIC|INTERFACE) ?/\1 /; s/\)$//')
+done
+while IFS= read -r f; do
+  [[ -n ${target_of[$f]:-} ]] || problems+=("$f: in no target_sources() of src/*/CMakeLists.txt")
+done < <(find src -name '*.cpp' | sort)
+
+# Every file's #include "…" edges, resolved as the compiler does: the
+# includer's folder, then src/ and include/ (version.hpp is generated into the
+# build tree).
+declare -A edges part
+files=()
+while IFS= read -r file; do
+  files+=("$file")
+  list=""
+  while IFS= read -r name; do
+    [[ -n $name ]] || continue
+    if [[ $name == jobguard/version.hpp ]]; then path=include/jobguard/version.hpp
+    elif [[ -f ${file%/*}/$name ]]; then path=${file%/*}/$name
+    elif [[ -f src/$name ]]; then path=src/$name
+    elif [[ -f include/$name ]]; then path=include/$name
+    else problems+=("$file: #include \"$name\" resolves to no file under src/ or include/"); continue
+    fi
+    list+=" $path"
+  done < <(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/p' "$file")
+  edges[$file]="$list "
+done < <(find src include/jobguard \( -name '*.cpp' -o -name '*.hpp' \) | sort)
+
+# Each file's part. A source: its target. A public header: the target of the
+# source of the same name in src/<folder>/, else its folder's part. A private
+# header (src/<folder>/x.hpp): the same, and when no source has its name, the
+# lowest part of the files that include it (it is compiled only into those),
+# else its folder's.
+part[include/jobguard/version.hpp]=common
+orphans=()
+for file in "${files[@]}"; do
+  case $file in
+    *.cpp) part[$file]=${target_of[$file]:-?} ;;
+    include/jobguard/jobguard.hpp) part[$file]=umbrella ;;
+    include/jobguard/*/*)
+      dir=${file#include/jobguard/}; dir=${dir%%/*}; stem=${file##*/}; stem=${stem%.hpp}
+      part[$file]=${target_of[src/$dir/$stem.cpp]:-$dir} ;;
+    include/jobguard/*) part[$file]=${top[${file##*/}]:-?} ;;
+    src/*/*)
+      dir=${file#src/}; dir=${dir%%/*}; stem=${file##*/}; stem=${stem%.hpp}
+      if [[ -n ${target_of[src/$dir/$stem.cpp]:-} ]]; then part[$file]=${target_of[src/$dir/$stem.cpp]}
+      else part[$file]=""; orphans+=("$file"); fi ;;
+    *) part[$file]="?" ;;
+  esac
+done
+# Private headers placed by their includers: a few passes settle includers
+# that are themselves such headers.
+for _ in 1 2 3 4; do
+  for h in "${orphans[@]}"; do
+    low=""
+    for file in "${files[@]}"; do
+      [[ ${edges[$file]} == *" $h "* ]] || continue
+      p=${part[$file]}
+      [[ -n $p && -n ${level[$p]:-} ]] || continue
+      if [[ -z $low ]] || (( ${level[$p]} < ${level[$low]} )); then low=$p; fi
+    done
+    if [[ -n $low ]]; then part[$h]=$low; else dir=${h#src/}; part[$h]=${dir%%/*}; fi
+  done
+done
+
+for file in "${files[@]}"; do
+  from=${part[$file]}
+  [[ $from == umbrella ]] && continue
+  if [[ -z ${level[$from]:-} ]]; then problems+=("$file: no part for it (add it to scripts/check-layers.sh)"); continue; fi
+  for path in ${edges[$file]}; do
+    to=${part[$path]:-?}
+    name=${path#include/}
+    if [[ $to == umbrella ]]; then problems+=("$file ($from) includes the umbrella header $name"); continue; fi
+    if [[ -z ${level[$to]:-} ]]; then problems+=("$path: no part for it (add it to scripts/check-layers.sh)"); continue; fi
+    [[ $allowed_edges == *" $file>$path"* ]] && continue
+    if [[ $to == testing && $from != testing ]]; then
+      problems+=("$file ($from) includes $name (testing): no library part may include the test fixture")
+    elif [[ $from == testing && $to != testing && $to != common ]]; then
+      problems+=("$file (testing) includes $name ($to): testing may include common only")
+    elif (( ${level[$to]} > ${level[$from]} )); then
+      problems+=("$file ($from) includes $name ($to): $from is below $to")
+    fi
+  done
+done
+
+if ((${#problems[@]})); then
+  printf 'check-layers: %s\n' "${problems[@]}" >&2
+  echo "check-layers: ${#problems[@]} problem(s); the order is common < redis < observe < lock < guard < pg < job < CLI (docs/architecture.md)" >&2
+  exit 1
+fi
+echo "check-layers: no upward include in src/ and include/jobguard/"
