@@ -34,9 +34,12 @@ elif [[ -z "$bin" ]]; then
 elif [[ ! -x "$bin" ]]; then
   echo "interop: --jobguard $bin is not an executable file" >&2
   exit 64
-elif ! "$bin" run --help 2>&1 | grep -q -e '--key'; then
+elif ! grep -q -e '--key' <<<"$("$bin" run --help 2>&1)"; then
   # Not the exit status alone: a jobguard without `run` answers `run --help`
-  # with its top-level help and status 0.
+  # with its top-level help and status 0. The help is captured before grep
+  # reads it: piped, `grep -q` exits at the first match and, under pipefail,
+  # the writer's SIGPIPE fails the check whenever the help outgrows the pipe
+  # read so far.
   echo "interop: '$bin run --help' shows no --key option: this jobguard has no 'run' subcommand yet (use --node-only until it has)" >&2
   exit 69
 fi
