@@ -4,9 +4,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
@@ -177,8 +179,14 @@ awaitable<std::vector<StreamJob>> StreamSource::async_reclaim(std::string consum
         // consumer max_attempts times is poison, not bad luck.
         if (job->deliveries > opts_.max_attempts) {
           const auto n = job->deliveries - 1;
+          StreamJob seen = *job;
+          seen.deliveries = n;
           co_await dead_letter(std::move(*job),
                                "stalled: not acknowledged after " + std::to_string(n) + " deliveries", n);
+          {
+            std::lock_guard lk(mu_);
+            stalled_.push_back(std::move(seen));
+          }
           dead = true;
           continue;
         }
@@ -237,6 +245,18 @@ awaitable<void> StreamSource::async_hand_back(std::string consumer, std::vector<
   args.insert(args.end(), {"IDLE", std::to_string(opts_.claim_idle.count()), "JUSTID"});
   Command claim(args);
   co_await exec_group(std::move(claim), opts_.call_timeout, false);
+}
+
+awaitable<void> StreamSource::async_defer(std::string consumer, const StreamJob& job) {
+  const auto uncharged = std::max<std::int64_t>(job.deliveries - 1, 0);
+  Command claim{"XCLAIM",     opts_.stream, opts_.group, std::move(consumer), "0", job.id, "RETRYCOUNT",
+                std::to_string(uncharged), "JUSTID"};
+  co_await exec_group(std::move(claim), opts_.call_timeout, false);
+}
+
+std::vector<StreamJob> StreamSource::take_stalled() {
+  std::lock_guard lk(mu_);
+  return std::exchange(stalled_, {});
 }
 
 bool StreamSource::ack(std::string_view id) { return block_on(async_ack(std::string(id))); }

@@ -310,6 +310,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         co_await wait_on(pause, Clock::now() + read_backoff);
         continue;
       }
+      count_stalled();
       if (jobs.empty()) {
         if (o.exit_when_idle.count() > 0 && in_flight == 0 && ready.empty() &&
             Clock::now() - last_activity >= o.exit_when_idle)
@@ -334,6 +335,31 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
       }
     }
     while (in_flight > 0 || acting > 0) co_await wait_on(wake, Clock::time_point::max());
+  }
+
+  // Jobs the source's reclaim scans dead-lettered as stalled (their
+  // consumer died or hung max_attempts times) leave the queue through this
+  // worker as surely as the ones it dead-letters itself: they count toward
+  // max_jobs and the stats, and each gets its "job" line.
+  void count_stalled() {
+    for (auto& job : source.take_stalled()) {
+      {
+        std::lock_guard lk(mu);
+        ++st.failed;
+        ++st.dead_lettered;
+      }
+      if (o.log)
+        o.log->emit(observe::Event{
+            .event = "job",
+            .job_id = job.id,
+            .lock_class = runner.lock_class().name,
+            .outcome = "dead_lettered",
+            .extra = {{"unit", job.field(o.id_field)},
+                      {"deliveries", job.deliveries},
+                      {"reclaimed", true},
+                      {"action", std::string("dead_lettered")},
+                      {"message", fmt::format("stalled: not acknowledged after {} deliveries", job.deliveries)}}});
+    }
   }
 
   awaitable<void> handle(StreamJob job) {
@@ -425,6 +451,16 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
           applied = "dead_lettered";
           break;
         case Action::leave_pending:
+          if (has_unit && !item.left_pending() && (r.outcome == Outcome::busy || r.outcome == Outcome::timed_out)) {
+            try {
+              co_await source.async_defer(o.consumer, job);
+            } catch (const std::exception&) {
+              // Still pending, with this delivery charged: at worst it is
+              // dead-lettered as stalled a delivery early.
+            }
+          }
+          applied = "left_pending";
+          break;
         case Action::retry_later:
           applied = "left_pending";
           break;

@@ -159,6 +159,19 @@ class StreamSource {
   // next reclaim scan of any consumer takes it over instead of one claim_idle
   // from now.
   boost::asio::awaitable<void> async_hand_back(std::string consumer, std::vector<std::string> ids);
+  // A delivery that found its unit in another delivery's hands (busy, or
+  // the wait for the lock ran out): the job stays pending for the next
+  // reclaim, and this delivery is not charged to it (XCLAIM ... RETRYCOUNT
+  // deliveries-1 JUSTID). Charged, a duplicate delivered while its twin runs
+  // longer than claim_idle would be dead-lettered as "stalled" though
+  // nothing about it is poison. A holder that never lets go keeps the job
+  // pending for as long; a job that kills its worker is still charged (the
+  // worker dies before this call).
+  boost::asio::awaitable<void> async_defer(std::string consumer, const StreamJob& job);
+  // The jobs the reclaim scans of async_next dead-lettered as stalled since
+  // the last call, with their delivery counts: the worker counts and logs
+  // them, as it does the jobs it dead-letters itself.
+  std::vector<StreamJob> take_stalled();
   boost::asio::awaitable<bool> async_fail(StreamJob job, std::string error);
   // Moves `job` to the dead-letter stream now, whatever its deliveries (a
   // job that can never succeed: a malformed unit id).
@@ -192,6 +205,7 @@ class StreamSource {
   std::string cursor_ = "0-0";
   std::chrono::steady_clock::time_point last_scan_{};
   std::atomic<std::uint64_t> groups_recreated_{0};
+  std::vector<StreamJob> stalled_;  // guarded by mu_
 };
 
 }  // namespace jobguard::job

@@ -130,6 +130,64 @@ TEST_F(StreamWorkerTest, ManyJobsInFlightOnOneLoopRunEachUnitsEffectOnce) {
   EXPECT_GT(most_inside, 1) << "jobs ran one at a time";
   EXPECT_EQ(threads.size(), 1u) << "async effects run on the one event loop";
   EXPECT_EQ(producer.pending_count(), 0);
+  // A copy that found its twin still running was not charged for it: under
+  // load such a copy can be delivered more than max_attempts (2) times.
+  EXPECT_EQ(admin("XLEN " + producer.dead_letter_stream()), "0");
+}
+
+// A job whose unit another holder keeps longer than claim_idle is delivered
+// again and again, finding the lock held each time; none of those deliveries
+// is charged, so it is not dead-lettered as stalled, and it completes once
+// the holder lets go.
+TEST_F(StreamWorkerTest, DeliveriesThatFindTheUnitHeldAreNotChargedToTheJob) {
+  job::GuardedRunner runner(leases, cls("w-held"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  // Another holder's key, expiring by itself after four claim_idles.
+  admin("SET " + runner.lock_key_for("held") + " someone-else PX 2000");
+  add(producer, "held");
+  std::atomic<int> ran{0};
+  job::AsyncJobEffect effect = [&](job::WorkItem&) -> asio::awaitable<std::string> {
+    ++ran;
+    co_return "";
+  };
+  job::StreamWorker worker(*client, stream, runner, effect, {.max_jobs = 1, .exit_when_idle = 5s});
+  worker.run();
+  const auto st = worker.stats();
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(st.completed, 1);
+  EXPECT_EQ(st.dead_lettered, 0);
+  EXPECT_GT(st.left_pending, static_cast<std::int64_t>(stream.max_attempts))
+      << "the job was not delivered more often than max_attempts while held";
+  EXPECT_EQ(admin("XLEN " + producer.dead_letter_stream()), "0");
+  EXPECT_EQ(producer.pending_count(), 0);
+}
+
+// A job whose consumer died max_attempts times is dead-lettered by the
+// reclaim scan, not run: the worker counts it (toward max_jobs too, or a
+// worker told to take one job would wait for ever) and reports it.
+TEST_F(StreamWorkerTest, StalledJobsDeadLetteredByTheReclaimScanAreCounted) {
+  job::GuardedRunner runner(leases, cls("w-stalled"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  const std::string id = producer.add({{"id", "stalled"}, {"run", "r"}});
+  // Delivered to a consumer that died, as often as max_attempts allows.
+  admin("XREADGROUP GROUP " + stream.group + " ghost COUNT 1 STREAMS " + stream.stream + " >");
+  admin("XCLAIM " + stream.stream + " " + stream.group + " ghost 0 " + id + " RETRYCOUNT " +
+        std::to_string(stream.max_attempts) + " IDLE 60000 JUSTID");
+  std::vector<job::JobReport> reports;
+  job::AsyncJobEffect effect = [&](job::WorkItem&) -> asio::awaitable<std::string> { co_return ""; };
+  job::StreamWorker worker(*client, stream, runner, effect, {.max_jobs = 1, .exit_when_idle = 3s});
+  worker.run();
+  const auto st = worker.stats();
+  EXPECT_EQ(st.jobs, 0) << "a stalled job past max_attempts was run";
+  EXPECT_EQ(st.dead_lettered, 1);
+  EXPECT_EQ(st.failed, 1);
+  EXPECT_EQ(st.finished(), 1);
+  const auto letters = producer.dead_letters(10);
+  ASSERT_EQ(letters.size(), 1u);
+  EXPECT_EQ(letters[0].last_error, "stalled: not acknowledged after 2 deliveries");
+  EXPECT_EQ(producer.pending_count(), 0);
 }
 
 // At concurrency 1 the slot is free once the effect is over: the next job's
