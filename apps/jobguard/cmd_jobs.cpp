@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
@@ -19,7 +20,8 @@ namespace {
 
 constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consumer group (at-least-once).
 
-  jobguard jobs add  --stream S [--group G] FIELD=VALUE...
+  jobguard jobs add  --stream S [--group G] [--unique STRATEGY [--unique-for DUR]
+                     [--on-conflict reject|replace|log] [--unique-by FIELD]...] FIELD=VALUE...
   jobguard jobs ls   --stream S [--group G] [--count 100]
   jobguard jobs dead --stream S [--count 100]
   jobguard jobs retry --stream S (DEAD_ID... | --all [--count 1000])
@@ -32,6 +34,20 @@ constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consum
                      -- CMD [ARGS...]
 
 add   appends one job (XADD) and prints its id ({"id":...} with --json).
+      --unique STRATEGY enqueues it once however often it is added
+      (docs/unique-jobs.md): a unique lock on the values of the --unique-by
+      fields (default: id), held by this job alone,
+        until-executed             until it leaves the queue (done or dead-lettered)
+        until-and-while-executing  until its run starts (runs stay one per unit)
+        until-expired              for --unique-for DUR (required), whatever happens
+        while-executing            no lock at enqueue; a copy delivered while
+                                   its unit runs is a conflict at the worker
+      --unique-for DUR caps the first two (default: no TTL; the workers' reaper
+      frees a lock whose job is gone). A conflict (the lock held by a job that
+      is waiting or running): reject (the default: nothing added, exit 75,
+      names the holder), replace (the holder is deleted if not yet delivered,
+      else reject), log (nothing added, reported on stderr, exit 0). For
+      while-executing, reject dead-letters the copy and log acknowledges it.
 ls    the stream's length, the group's pending jobs (id, consumer, idle time,
       deliveries) and the dead-letter stream's length.
 dead  the dead-letter entries (newest first): the job's fields, its last error
@@ -80,8 +96,10 @@ work  takes jobs (up to --concurrency at once, each its own supervised CMD)
 Exit status: 0 ok (work: stopped by a signal, --max-jobs or --exit-when-idle);
 64 usage (bad FIELD=VALUE, unknown --consequence or --on-redis-down, missing
 --stream, --class, or CMD after `--`; retry with neither DEAD_ID nor --all,
-or both); 65 retry: a DEAD_ID that is not in the dead-letter stream (the
-others are retried); 69 Redis unreachable.)";
+or both; an unknown --unique or --on-conflict, --unique-for or --unique-by
+where the strategy takes none, --unique-for without --unique); 65 retry: a
+DEAD_ID that is not in the dead-letter stream (the others are retried);
+69 Redis unreachable; 75 add --unique: the job is already enqueued (reject).)";
 
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
@@ -102,7 +120,50 @@ std::string fields_text(const Fields& fields) {
 struct AddArgs {
   std::string stream, group = "jobguard";
   std::vector<std::string> fields;
+  std::string unique, unique_for, on_conflict;
+  std::vector<std::string> unique_by;
 };
+
+// The --unique flags, checked before anything connects.
+std::optional<job::UniqueOptions> unique_options(const AddArgs& a) {
+  if (a.unique.empty()) {
+    const char* stray = !a.unique_for.empty()    ? "--unique-for"
+                        : !a.on_conflict.empty() ? "--on-conflict"
+                        : !a.unique_by.empty()   ? "--unique-by"
+                                                 : nullptr;
+    if (stray) throw Error(errc::invalid_argument, fmt::format("{} needs --unique STRATEGY", stray));
+    return std::nullopt;
+  }
+  job::UniqueOptions u;
+  const auto strategy = job::parse_unique_strategy(a.unique);
+  if (!strategy)
+    throw Error(errc::invalid_argument,
+                fmt::format("--unique \"{}\": expected until-executed, until-and-while-executing, until-expired or "
+                            "while-executing",
+                            a.unique));
+  u.strategy = *strategy;
+  if (!a.on_conflict.empty()) {
+    const auto c = job::parse_unique_conflict(a.on_conflict);
+    if (!c) throw Error(errc::invalid_argument,
+                        fmt::format("--on-conflict \"{}\": expected reject, replace or log", a.on_conflict));
+    u.on_conflict = *c;
+  }
+  if (!a.unique_for.empty()) {
+    u.unique_for = parse_duration_ms(a.unique_for, "--unique-for");
+    if (u.unique_for.count() <= 0) throw Error(errc::invalid_argument, "--unique-for: must be more than 0");
+  }
+  u.by = a.unique_by;
+  try {
+    job::validate(u);
+  } catch (const Error& e) {
+    // The library names its options; the user typed flags.
+    std::string m(e.detail());
+    for (auto [from, to] : {std::pair{"unique_for", "--unique-for"}, std::pair{"fields to key by", "--unique-by"}})
+      if (auto at = m.find(from); at != std::string::npos) m.replace(at, std::string_view(from).size(), to);
+    throw Error(errc::invalid_argument, m);
+  }
+  return u;
+}
 
 int run_add(const Globals& g, const AddArgs& a) {
   Fields fields;
@@ -114,16 +175,44 @@ int run_add(const Globals& g, const AddArgs& a) {
     fields.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
   }
   if (fields.empty()) throw Error(errc::invalid_argument, "no FIELD=VALUE given: a job needs at least one field");
+  const auto unique = unique_options(a);
   job::StreamOptions so;
   so.stream = a.stream;
   so.group = a.group;
   auto client = connect_redis(g, "jobguard-jobs");
   job::StreamSource source(*client, so);
   source.ensure_group();
-  const std::string id = source.add(fields);
-  if (g.json) std::cout << nlohmann::json{{"id", id}}.dump() << "\n";
-  else std::cout << id << "\n";
-  return exit_code::ok;
+  if (!unique) {
+    const std::string id = source.add(fields);
+    if (g.json) std::cout << nlohmann::json{{"id", id}}.dump() << "\n";
+    else std::cout << id << "\n";
+    return exit_code::ok;
+  }
+  const auto r = source.add_unique(fields, *unique);
+  if (r.result != job::UniqueAdd::Result::conflict) {
+    if (g.json) {
+      nlohmann::ordered_json j{{"id", r.id}, {"unique_key", r.lock_key}};
+      if (!r.holder.empty()) j[r.result == job::UniqueAdd::Result::replaced ? "replaced" : "orphan_taken_over"] = r.holder;
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << r.id << "\n";
+    }
+    if (r.result == job::UniqueAdd::Result::replaced)
+      std::cerr << fmt::format("jobs add: replaced job {} (not yet delivered) under {}\n", r.holder, r.lock_key);
+    return exit_code::ok;
+  }
+  const std::string what = fmt::format("already enqueued as {} ({}) under {}", r.holder, r.holder_state, r.lock_key);
+  if (g.json)
+    std::cout << nlohmann::ordered_json{{"id", nullptr}, {"conflict", r.holder}, {"state", r.holder_state},
+                                        {"unique_key", r.lock_key}}
+                     .dump()
+              << "\n";
+  if (unique->on_conflict == job::UniqueConflict::log) {
+    std::cerr << "jobs add: " << what << "; nothing added (--on-conflict log)\n";
+    return exit_code::ok;
+  }
+  std::cerr << "jobs add: " << what << "; nothing added\n";
+  return exit_code::busy;
 }
 
 struct LsArgs {
@@ -150,7 +239,10 @@ int run_ls(const Globals& g, const LsArgs& a) {
     if (!is_nogroup(e)) throw;
     group_exists = false;
   }
+  const auto unique = source.unique_locks(a.count);
   if (g.json) {
+    auto locks = nlohmann::ordered_json::array();
+    for (const auto& [lock, holder] : unique) locks.push_back(nlohmann::ordered_json{{"unique_key", lock}, {"id", holder}});
     auto list = nlohmann::ordered_json::array();
     for (const auto& p : entries)
       list.push_back(nlohmann::ordered_json{
@@ -162,7 +254,8 @@ int run_ls(const Globals& g, const LsArgs& a) {
                              {"pending", pending},
                              {"dead_letter_stream", source.dead_letter_stream()},
                              {"dead_letter_length", dead},
-                             {"pending_entries", list}};
+                             {"pending_entries", list},
+                             {"unique_locks", locks}};
     std::cout << j.dump() << "\n";
     return exit_code::ok;
   }
@@ -181,6 +274,12 @@ int run_ls(const Globals& g, const LsArgs& a) {
                                p.deliveries);
     if (static_cast<std::int64_t>(entries.size()) < pending)
       std::cout << fmt::format("({} more pending; --count to see them)\n", pending - static_cast<std::int64_t>(entries.size()));
+  }
+  if (!unique.empty()) {
+    std::size_t kw = 10;
+    for (const auto& u : unique) kw = std::max(kw, u.first.size());
+    std::cout << fmt::format("{:<{}}  {}\n", "UNIQUE KEY", kw, "HELD BY");
+    for (const auto& [lock, holder] : unique) std::cout << fmt::format("{:<{}}  {}\n", lock, kw, holder);
   }
   return exit_code::ok;
 }
@@ -277,6 +376,12 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   add->fallthrough();
   add->add_option("--stream", add_args->stream, "Stream key (required)")->required();
   add->add_option("--group", add_args->group, "Consumer group (created if missing)")->capture_default_str();
+  add->add_option("--unique", add_args->unique,
+                  "until-executed, until-and-while-executing, until-expired or while-executing");
+  add->add_option("--unique-for", add_args->unique_for, "The unique lock's TTL (until-expired: required)");
+  add->add_option("--on-conflict", add_args->on_conflict, "reject (default, exit 75), replace or log");
+  add->add_option("--unique-by", add_args->unique_by, "Field whose value makes the unique key (default id; repeatable)")
+      ->allow_extra_args(false);
   add->add_option("FIELD=VALUE", add_args->fields, "The job's fields")->required();
   out.emplace_back(add, reported("jobs add", [&g, add_args] { return run_add(g, *add_args); }));
 

@@ -56,6 +56,7 @@ struct WorkArgs {
   bool fence = false;
   std::int64_t max_jobs = 0;
   std::string exit_when_idle;
+  std::string unique_reap_interval = "30s";
   std::string catalog;  // --catalog FILE: the class comes from it, not from the flags
   std::vector<std::string> cmd;
 };
@@ -119,6 +120,7 @@ int run_work(const Globals& g, const WorkArgs& a) {
   wo.run_field = a.run_field;
   wo.max_jobs = a.max_jobs;
   wo.exit_when_idle = flag_ms(a.exit_when_idle, "--exit-when-idle");
+  wo.unique_reap_interval = flag_ms(a.unique_reap_interval, "--unique-reap-interval");
   wo.log = &log;
   auto effect = job::run_command({.argv = a.cmd, .grace = flag_ms(a.grace, "--grace")});
 
@@ -177,6 +179,9 @@ int run_work(const Globals& g, const WorkArgs& a) {
                                         {"failed", st.failed},
                                         {"dead_lettered", st.dead_lettered},
                                         {"left_pending", st.left_pending},
+                                        {"unique_released", st.unique_released},
+                                        {"unique_conflicts", st.unique_conflicts},
+                                        {"unique_reaped", st.unique_reaped},
                                         {"stopped_by_signal", by_signal}}
                      .dump()
               << "\n";
@@ -222,6 +227,10 @@ void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out) {
   work->add_option("--max-jobs", w->max_jobs, "Exit after N jobs finished: acknowledged or dead-lettered (0: no limit)")
       ->capture_default_str();
   work->add_option("--exit-when-idle", w->exit_when_idle, "Exit after DUR without a job")->check(duration_validator());
+  work->add_option("--unique-reap-interval", w->unique_reap_interval,
+                   "Free unique locks whose job is gone this often (0: never)")
+      ->check(duration_validator())
+      ->capture_default_str();
   work->add_option("CMD", w->cmd, "The command and its arguments, after --")->required();
   out.emplace_back(work, reported("jobs work", [&g, w] {
                      // CLI11 rewrites a positional like "[a,b]" as a list: CMD's words are

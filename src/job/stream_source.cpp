@@ -10,8 +10,11 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/redis/script.hpp"
 #include "job/awaiting.hpp"
 
 namespace jobguard::job {
@@ -42,6 +45,44 @@ std::optional<StreamJob> parse_entry(const Reply& e) {
   return job;
 }
 
+}  // namespace
+
+namespace job_scripts {
+extern const std::string_view unique_state;
+extern const std::string_view unique_add;
+extern const std::string_view unique_release;
+extern const std::string_view unique_reap;
+}  // namespace job_scripts
+
+namespace {
+const redis::Script& unique_add_script() {
+  static const redis::Script s{std::string(job_scripts::unique_state) + std::string(job_scripts::unique_add)};
+  return s;
+}
+const redis::Script& unique_release_script() {
+  static const redis::Script s{std::string(job_scripts::unique_release)};
+  return s;
+}
+// EVALSHA as a coroutine on the client's loop; an error (with the server's
+// words) is thrown, as async_exec does.
+awaitable<Reply> eval_on_loop(redis::Client& client, const redis::Script& script, std::vector<std::string> keys,
+                              std::vector<std::string> args, std::chrono::milliseconds timeout) {
+  co_return co_await detail::await_done<Reply>([&](detail::Done<Reply> done) {
+    client.async_eval(
+        script, std::move(keys), std::move(args),
+        [&client, done = std::move(done), context = std::string("EVALSHA ") + script.sha1()](std::error_code ec,
+                                                                                           Reply r) mutable {
+          if (ec) return done(std::make_exception_ptr(redis::to_error(ec, r, client.address(), context)), Reply{});
+          done(nullptr, std::move(r));
+        },
+        CallOptions{timeout});
+  });
+}
+
+const redis::Script& unique_reap_script() {
+  static const redis::Script s{std::string(job_scripts::unique_state) + std::string(job_scripts::unique_reap)};
+  return s;
+}
 }  // namespace
 
 StreamSource::StreamSource(redis::Client& client, StreamOptions options) : client_(client), opts_(std::move(options)) {
@@ -109,6 +150,108 @@ std::string StreamSource::add(const std::vector<std::pair<std::string, std::stri
     args.push_back(v);
   }
   return client_.exec(Command(args), CallOptions{opts_.call_timeout}).str;
+}
+
+UniqueAdd StreamSource::add_unique(std::vector<std::pair<std::string, std::string>> fields,
+                                   const UniqueOptions& unique) {
+  validate(unique);
+  UniqueAdd out;
+  const auto has = [&](std::string_view name) {
+    return std::any_of(fields.begin(), fields.end(), [&](const auto& f) { return f.first == name; });
+  };
+  for (auto name : {kUniqueStrategyField, kUniqueKeyField, kUniqueConflictField})
+    if (has(name))
+      throw Error(errc::invalid_argument, fmt::format("unique job: field \"{}\" is jobguard's own", name));
+  fields.emplace_back(kUniqueStrategyField, to_string(unique.strategy));
+  fields.emplace_back(kUniqueConflictField, to_string(unique.on_conflict));
+  if (unique.strategy == UniqueStrategy::while_executing) {
+    out.id = add(fields);
+    return out;
+  }
+  const std::vector<std::string> by = unique.by.empty() ? std::vector<std::string>{"id"} : unique.by;
+  std::string value;
+  for (const auto& name : by) {
+    const auto f = std::find_if(fields.begin(), fields.end(), [&](const auto& kv) { return kv.first == name; });
+    if (f == fields.end())
+      throw Error(errc::invalid_argument,
+                  fmt::format("unique job: no field \"{}\" to key by (give it, or choose fields to key by)", name));
+    // Unit separator between values: "a b"+"c" and "a"+"b c" stay two keys.
+    if (!value.empty()) value += '\x1f';
+    value += f->second;
+  }
+  out.lock_key = unique_lock_key(opts_.stream, value);
+  fields.emplace_back(kUniqueKeyField, out.lock_key);
+  std::vector<std::string> args{opts_.group, std::to_string(unique.unique_for.count()),
+                                std::string(to_string(unique.on_conflict)),
+                                unique.strategy == UniqueStrategy::until_expired ? "0" : "1",
+                                unique.strategy == UniqueStrategy::until_expired ? "1" : "0"};
+  for (auto& [k, v] : fields) {
+    args.push_back(std::move(k));
+    args.push_back(std::move(v));
+  }
+  const Reply r = client_.eval(unique_add_script(), {opts_.stream, out.lock_key, unique_registry_key(opts_.stream)},
+                               std::move(args), CallOptions{opts_.call_timeout});
+  if (!r.is_array() || r.elements.size() < 4)
+    throw Error(errc::protocol_error, "unique job: unexpected reply from the enqueue script");
+  const std::string& what = r.elements[0].str;
+  out.id = r.elements[1].str;
+  out.holder = r.elements[2].str;
+  out.holder_state = r.elements[3].str;
+  out.result = what == "conflict"   ? UniqueAdd::Result::conflict
+               : what == "replaced" ? UniqueAdd::Result::replaced
+                                    : UniqueAdd::Result::added;
+  return out;
+}
+
+awaitable<bool> StreamSource::async_release_unique(std::string lock_key, std::string job_id) {
+  if (lock_key.empty()) co_return false;
+  // Named, not braced temporaries in the co_await: g++ 12 mishandles those.
+  std::vector<std::string> keys{std::move(lock_key), unique_registry_key(opts_.stream)};
+  std::vector<std::string> args{std::move(job_id)};
+  Reply r = co_await eval_on_loop(client_, unique_release_script(), std::move(keys), std::move(args),
+                                  opts_.call_timeout);
+  co_return r.integer == 1;
+}
+
+awaitable<std::vector<std::pair<std::string, std::string>>> StreamSource::async_reap_unique(std::size_t budget) {
+  std::vector<std::pair<std::string, std::string>> reaped;
+  std::string cursor = "0";
+  do {
+    std::vector<std::string> keys{unique_registry_key(opts_.stream), opts_.stream};
+    std::vector<std::string> args{opts_.group, cursor, std::to_string(std::max<std::size_t>(budget, 1))};
+    Reply r = co_await eval_on_loop(client_, unique_reap_script(), std::move(keys), std::move(args),
+                                    opts_.call_timeout);
+    if (!r.is_array() || r.elements.size() < 2) break;
+    cursor = r.elements[0].str;
+    const auto& freed = r.elements[1].elements;
+    for (std::size_t i = 0; i + 1 < freed.size(); i += 2) reaped.emplace_back(freed[i].str, freed[i + 1].str);
+  } while (cursor != "0");
+  co_return reaped;
+}
+
+std::vector<std::pair<std::string, std::string>> StreamSource::unique_locks(std::size_t max) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::string registry = unique_registry_key(opts_.stream);
+  std::vector<std::string> locks;
+  std::string cursor = "0";
+  do {
+    Reply r = client_.exec(Command{"SSCAN", registry, cursor, "COUNT", "256"}, CallOptions{opts_.call_timeout});
+    if (!r.is_array() || r.elements.size() < 2) break;
+    cursor = r.elements[0].str;
+    for (const auto& e : r.elements[1].elements)
+      if (locks.size() < max) locks.push_back(e.str);
+  } while (cursor != "0" && locks.size() < max);
+  std::sort(locks.begin(), locks.end());
+  for (auto& lock : locks) {
+    Reply holder = client_.exec(Command{"GET", lock}, CallOptions{opts_.call_timeout});
+    if (holder.is_nil()) continue;  // released since the scan
+    out.emplace_back(std::move(lock), holder.str);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> StreamSource::reap_unique(std::size_t budget) {
+  return block_on(async_reap_unique(budget));
 }
 
 awaitable<std::vector<StreamJob>> StreamSource::async_next(std::string consumer, std::size_t max,

@@ -179,6 +179,8 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
                   fmt::format("stream worker: concurrency {} outside [1, 4096]", o.concurrency));
     if (o.id_field.empty()) throw Error(errc::invalid_argument, "stream worker: empty id_field");
     if (o.max_jobs < 0) throw Error(errc::invalid_argument, "stream worker: max_jobs must be >= 0");
+    if (o.unique_reap_interval.count() < 0)
+      throw Error(errc::invalid_argument, "stream worker: unique_reap_interval must be >= 0");
     if (o.retry_backoff.count() <= 0 || o.retry_backoff_max < o.retry_backoff)
       throw Error(errc::invalid_argument, "stream worker: retry_backoff must be > 0 and <= retry_backoff_max");
     if (o.blocking_threads < 0) throw Error(errc::invalid_argument, "stream worker: blocking_threads must be >= 0");
@@ -273,7 +275,12 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     loop = co_await asio::this_coro::executor;
     last_activity = Clock::now();
     milliseconds read_backoff{0};
+    Clock::time_point last_reap{};
     while (!soft.stop_requested() && !limit_reached()) {
+      if (o.unique_reap_interval.count() > 0 && Clock::now() - last_reap >= o.unique_reap_interval) {
+        last_reap = Clock::now();
+        co_await reap_unique();
+      }
       // Room: a free slot for each job not running, and as many read ahead.
       std::int64_t room = 2 * o.concurrency - in_flight - static_cast<std::int64_t>(ready.size());
       room = std::min(room, wanted());
@@ -337,12 +344,70 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     while (in_flight > 0 || acting > 0) co_await wait_on(wake, Clock::time_point::max());
   }
 
+  awaitable<void> reap_unique() {
+    std::vector<std::pair<std::string, std::string>> freed;
+    try {
+      freed = co_await source.async_reap_unique(256);
+    } catch (const std::exception& e) {
+      // Redis away: the next interval tries again; orphans only wait longer.
+      if (o.log)
+        o.log->emit(observe::Event{.event = "error",
+                                   .lock_class = runner.lock_class().name,
+                                   .outcome = "unique_reap_failed",
+                                   .extra = {{"message", std::string(e.what())}}});
+      co_return;
+    }
+    {
+      std::lock_guard lk(mu);
+      st.unique_reaped += static_cast<std::int64_t>(freed.size());
+    }
+    if (o.log)
+      for (const auto& [lock, holder] : freed)
+        o.log->emit(observe::Event{.event = "unique_reaped",
+                                   .lock_key = lock,
+                                   .job_id = holder,
+                                   .lock_class = runner.lock_class().name,
+                                   .outcome = "reaped",
+                                   .extra = {{"message", std::string("its job left the queue without releasing it")}}});
+  }
+
+  // Releases the unique lock `job` carries (if still its own). A failure is
+  // logged, not thrown: the job's outcome stands, and the reaper frees the
+  // lock once the job is gone.
+  awaitable<void> release_unique(std::string lock, std::string job_id) {
+    try {
+      if (co_await source.async_release_unique(lock, job_id)) {
+        std::lock_guard lk(mu);
+        ++st.unique_released;
+      }
+    } catch (const std::exception& e) {
+      if (o.log)
+        o.log->emit(observe::Event{.event = "error",
+                                   .lock_key = lock,
+                                   .job_id = job_id,
+                                   .lock_class = runner.lock_class().name,
+                                   .outcome = "unique_release_failed",
+                                   .extra = {{"message", std::string(e.what())}}});
+    }
+  }
+
+  // The same without waiting for it, from wherever the job is (a blocking
+  // effect's thread included). The state outlives the call (shared_from_this).
+  void release_unique_soon(std::string lock, std::string job_id) {
+    asio::co_spawn(loop, [self = shared_from_this(), lock = std::move(lock), job_id = std::move(job_id)]() mutable {
+      return self->release_unique(std::move(lock), std::move(job_id));
+    }, asio::detached);
+  }
+
   // Jobs the source's reclaim scans dead-lettered as stalled (their
   // consumer died or hung max_attempts times) leave the queue through this
   // worker as surely as the ones it dead-letters itself: they count toward
   // max_jobs and the stats, and each gets its "job" line.
   void count_stalled() {
     for (auto& job : source.take_stalled()) {
+      if (const auto lock = job.field(std::string(kUniqueKeyField)); !lock.empty() &&
+          job.field(std::string(kUniqueStrategyField)) != to_string(UniqueStrategy::until_expired))
+        release_unique_soon(lock, job.id);
       {
         std::lock_guard lk(mu);
         ++st.failed;
@@ -389,6 +454,15 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     }
     const bool has_id =
         std::any_of(job.fields.begin(), job.fields.end(), [&](const auto& f) { return f.first == o.id_field; });
+    // A unique job (unique.hpp): until-and-while-executing gives its lock up
+    // once its run is granted; the others that hold one, when the job leaves
+    // the queue; while-executing turns a busy run into a conflict.
+    const std::string unique = job.field(std::string(kUniqueStrategyField));
+    const std::string unique_lock = job.field(std::string(kUniqueKeyField));
+    const bool release_at_start =
+        !unique_lock.empty() && unique == to_string(UniqueStrategy::until_and_while_executing);
+    const bool release_at_end = !unique_lock.empty() && unique != to_string(UniqueStrategy::until_expired);
+    bool unique_conflict = false;
     unit.id = job.field(o.id_field);
     unit.run_id = job.field(o.run_field);
     if (unit.run_id.empty()) unit.run_id = job.id;
@@ -404,6 +478,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
           AsyncEffect effect = [&](JobContext& ctx) -> asio::awaitable<std::string> {
             item.ctx_ = &ctx;
             lock_key = ctx.lock_key();
+            if (release_at_start) release_unique_soon(unique_lock, job.id);
             std::string result = co_await async_effect(item);
             free_slot();
             co_return result;
@@ -413,6 +488,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
           Effect effect = [&](JobContext& ctx) {
             item.ctx_ = &ctx;
             lock_key = ctx.lock_key();
+            if (release_at_start) release_unique_soon(unique_lock, job.id);
             return sync_effect(item);
           };
           r = co_await runner.async_run(unit, std::move(effect), pool->get_executor());
@@ -421,6 +497,13 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         item.ctx_ = nullptr;
         d = decide(r, item.left_pending());
         if (item.left_pending()) d.reason = item.left_pending_reason();
+        if (unique == to_string(UniqueStrategy::while_executing) && r.outcome == Outcome::busy &&
+            !item.left_pending()) {
+          unique_conflict = true;
+          const bool drop = job.field(std::string(kUniqueConflictField)) == to_string(UniqueConflict::log);
+          d = {drop ? Action::ack : Action::dead_letter,
+               fmt::format("unique (while-executing): unit \"{}\" was running in another job", unit.id)};
+        }
       } catch (const Error& e) {
         // A unit the runner refuses (an id the key pattern cannot take):
         // no delivery can succeed as it is.
@@ -473,6 +556,8 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
       dead = false;
     }
     if (d.action != Action::retry_later && action_error.empty()) backoff = milliseconds(0);
+    if (release_at_end && action_error.empty() && (applied == "acked" || dead))
+      co_await release_unique(unique_lock, job.id);
 
     const bool ran = has_unit;
     {
@@ -480,11 +565,12 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
       if (!action_error.empty() || d.action == Action::leave_pending || d.action == Action::retry_later) {
         ++st.left_pending;
       } else if (d.action == Action::ack) {
-        ++(r.outcome == Outcome::already_done ? st.skipped : st.completed);
+        ++(r.outcome == Outcome::already_done || unique_conflict ? st.skipped : st.completed);
       } else {
         ++st.failed;
         if (dead) ++st.dead_lettered;
       }
+      if (unique_conflict) ++st.unique_conflicts;
     }
     const auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
     if (o.log) {

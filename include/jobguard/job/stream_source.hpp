@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "jobguard/job/unique.hpp"
+
 namespace jobguard::redis {
 class Client;
 class Command;
@@ -117,6 +119,22 @@ class StreamSource {
   // stream with `error`, its fields, and the delivery count. True if dead-lettered.
   bool fail(const StreamJob& job, std::string_view error);
 
+  // Adds a unique job (see unique.hpp): the entry with its unique lock in
+  // one script, or, on conflict, nothing (Result::conflict names the holder;
+  // on_conflict log is the caller's to report as success). The fields gain
+  // jobguard_unique, jobguard_unique_key and jobguard_unique_conflict.
+  // Throws Error(invalid_argument) for options that do not fit the strategy
+  // and for a job without a field to key by.
+  UniqueAdd add_unique(std::vector<std::pair<std::string, std::string>> fields, const UniqueOptions& unique);
+  // Frees unique locks whose job is gone (see unique.hpp), scanning up to
+  // `budget` registered locks per script call until the registry has been
+  // walked once. Returns the freed locks with the entry id each named.
+  std::vector<std::pair<std::string, std::string>> reap_unique(std::size_t budget = 256);
+  // Up to `max` unique locks the reaper watches, with the entry id holding
+  // each (for inspection: `jobguard jobs ls`). until-expired locks are not
+  // among them.
+  std::vector<std::pair<std::string, std::string>> unique_locks(std::size_t max);
+
   // Deliveries of a pending job (XPENDING); 0 when it is not pending.
   std::int64_t deliveries(std::string_view id);
   std::int64_t pending_count();
@@ -168,6 +186,10 @@ class StreamSource {
   // pending for as long; a job that kills its worker is still charged (the
   // worker dies before this call).
   boost::asio::awaitable<void> async_defer(std::string consumer, const StreamJob& job);
+  // Releases the unique lock `job` carries, if it is still this job's.
+  // True when released; false when the job has no lock or it is another's.
+  boost::asio::awaitable<bool> async_release_unique(std::string lock_key, std::string job_id);
+  boost::asio::awaitable<std::vector<std::pair<std::string, std::string>>> async_reap_unique(std::size_t budget);
   // The jobs the reclaim scans of async_next dead-lettered as stalled since
   // the last call, with their delivery counts: the worker counts and logs
   // them, as it does the jobs it dead-letters itself.

@@ -170,6 +170,10 @@ struct WorkerOptions {
   // Threads for blocking effects and stores. Default 0: `concurrency` for a
   // JobEffect, 1 otherwise (a PostgreSQL store is called there).
   int blocking_threads = 0;
+  // How often the worker frees orphaned unique locks of its stream
+  // (StreamSource::reap_unique), the first time when it starts. Default 30 s;
+  // 0: never.
+  std::chrono::milliseconds unique_reap_interval{30000};
   // One "job" event per job (outcome, action, unit, run id, deliveries...).
   // Null: none. The runner's own phase events go to its RunnerBackends::log.
   observe::EventLog* log = nullptr;
@@ -185,6 +189,9 @@ struct WorkerStats {
   std::int64_t dead_lettered = 0;  // moved to the dead-letter stream
   std::int64_t left_pending = 0;   // leave_pending and retry_later, and actions that could not be carried out
   std::int64_t read_errors = 0;    // reads that failed (Redis down): retried with backoff
+  std::int64_t unique_released = 0;   // unique locks released by their jobs (unique.hpp)
+  std::int64_t unique_conflicts = 0;  // while-executing copies delivered while their unit ran
+  std::int64_t unique_reaped = 0;     // orphaned unique locks freed by this worker's reaper
   std::int64_t finished() const noexcept { return completed + skipped + dead_lettered; }
 };
 
