@@ -30,7 +30,7 @@ constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consum
                      [--ttl 30s] [--timeout DUR] [--claim-idle 30s] [--max-attempts 5]
                      [--id-field id] [--run-field run] [--key-pattern CLASS:{id}]
                      [--grace 10s] [--fence] [--max-jobs N] [--exit-when-idle DUR]
-                     [--concurrency 1] [--catalog FILE]
+                     [--concurrency 1] [--catalog FILE] [--unique-reap-interval 30s]
                      -- CMD [ARGS...]
 
 add   appends one job (XADD) and prints its id ({"id":...} with --json).
@@ -89,6 +89,9 @@ work  takes jobs (up to --concurrency at once, each its own supervised CMD)
       goes to the dead-letter stream at once: no retry can mend it.
       One log line per job on stderr (--log-format human|json); with --json a
       summary object on stdout at exit.
+
+      A unique job (add --unique) gives its lock up as its strategy says; every
+      --unique-reap-interval the worker frees unique locks whose job is gone.
 
 --max-jobs N counts jobs that left the queue (acknowledged or dead-lettered);
 --exit-when-idle DUR stops after DUR in which no job was delivered.
