@@ -31,6 +31,7 @@ constexpr const char* kJobsHelp = R"(A job queue on a Redis Stream with a consum
                      [--id-field id] [--run-field run] [--key-pattern CLASS:{id}]
                      [--grace 10s] [--fence] [--max-jobs N] [--exit-when-idle DUR]
                      [--concurrency 1] [--catalog FILE] [--unique-reap-interval 30s]
+                     [--rate [FIELD=]N/PERIOD]...
                      -- CMD [ARGS...]
 
 add   appends one job (XADD) and prints its id ({"id":...} with --json).
@@ -90,6 +91,11 @@ work  takes jobs (up to --concurrency at once, each its own supervised CMD)
       One log line per job on stderr (--log-format human|json); with --json a
       summary object on stdout at exit.
 
+      --rate [FIELD=]N/PERIOD: at most N starts per PERIOD for each value of
+      the job's FIELD (without FIELD: for the whole class), counted in Redis
+      (GCRA: an even spacing, shared by every worker, kept across restarts);
+      a job over the limit waits in its slot for its turn, never dropped and
+      never failed (docs/jobs.md).
       A unique job (add --unique) gives its lock up as its strategy says; every
       --unique-reap-interval the worker frees unique locks whose job is gone.
 
@@ -98,7 +104,8 @@ work  takes jobs (up to --concurrency at once, each its own supervised CMD)
 
 Exit status: 0 ok (work: stopped by a signal, --max-jobs or --exit-when-idle);
 64 usage (bad FIELD=VALUE, unknown --consequence or --on-redis-down, missing
---stream, --class, or CMD after `--`; retry with neither DEAD_ID nor --all,
+--stream, --class, or CMD after `--`; a --rate of 0 or without N/PERIOD;
+retry with neither DEAD_ID nor --all,
 or both; an unknown --unique or --on-conflict, --unique-for or --unique-by
 where the strategy takes none, --unique-for without --unique); 65 retry: a
 DEAD_ID that is not in the dead-letter stream (the others are retried);

@@ -57,6 +57,7 @@ struct WorkArgs {
   std::int64_t max_jobs = 0;
   std::string exit_when_idle;
   std::string unique_reap_interval = "30s";
+  std::vector<std::string> rates;  // --rate [FIELD=]N/PERIOD, repeatable
   std::string catalog;  // --catalog FILE: the class comes from it, not from the flags
   std::vector<std::string> cmd;
 };
@@ -121,6 +122,13 @@ int run_work(const Globals& g, const WorkArgs& a) {
   wo.max_jobs = a.max_jobs;
   wo.exit_when_idle = flag_ms(a.exit_when_idle, "--exit-when-idle");
   wo.unique_reap_interval = flag_ms(a.unique_reap_interval, "--unique-reap-interval");
+  for (const auto& r : a.rates) {
+    try {
+      wo.rates.push_back(job::parse_rate(r));
+    } catch (const Error& e) {
+      throw Error(errc::invalid_argument, fmt::format("--rate: {}", e.detail()));
+    }
+  }
   wo.log = &log;
   auto effect = job::run_command({.argv = a.cmd, .grace = flag_ms(a.grace, "--grace")});
 
@@ -182,6 +190,8 @@ int run_work(const Globals& g, const WorkArgs& a) {
                                         {"unique_released", st.unique_released},
                                         {"unique_conflicts", st.unique_conflicts},
                                         {"unique_reaped", st.unique_reaped},
+                                        {"rate_limited", st.rate_limited},
+                                        {"rate_wait_ms", st.rate_wait_ms},
                                         {"stopped_by_signal", by_signal}}
                      .dump()
               << "\n";
@@ -227,6 +237,10 @@ void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out) {
   work->add_option("--max-jobs", w->max_jobs, "Exit after N jobs finished: acknowledged or dead-lettered (0: no limit)")
       ->capture_default_str();
   work->add_option("--exit-when-idle", w->exit_when_idle, "Exit after DUR without a job")->check(duration_validator());
+  work->add_option("--rate", w->rates,
+                   "[FIELD=]N/PERIOD: at most N job starts per PERIOD (s, min, h or a duration) per value of FIELD, "
+                   "or for the class; shared by every worker (repeatable)")
+      ->allow_extra_args(false);
   work->add_option("--unique-reap-interval", w->unique_reap_interval,
                    "Free unique locks whose job is gone this often (0: never)")
       ->check(duration_validator())

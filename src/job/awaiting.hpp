@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <string>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -15,6 +17,10 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "jobguard/redis/client.hpp"
+#include "jobguard/redis/script.hpp"
 
 namespace jobguard::job::detail {
 
@@ -85,6 +91,23 @@ boost::asio::awaitable<std::invoke_result_t<F&>> on_blocking(boost::asio::any_io
   } else {
     co_return co_await await_done<V>(std::move(run));
   }
+}
+
+// EVALSHA (EVAL on NOSCRIPT) as a coroutine on the client's loop; a failure
+// is thrown as the library's Error, with the server's words.
+inline boost::asio::awaitable<redis::Reply> eval_on_loop(redis::Client& client, const redis::Script& script,
+                                                         std::vector<std::string> keys, std::vector<std::string> args,
+                                                         std::chrono::milliseconds timeout) {
+  co_return co_await await_done<redis::Reply>([&](Done<redis::Reply> done) {
+    client.async_eval(
+        script, std::move(keys), std::move(args),
+        [&client, done = std::move(done), context = "EVALSHA " + script.sha1()](std::error_code ec,
+                                                                               redis::Reply r) mutable {
+          if (ec) return done(std::make_exception_ptr(redis::to_error(ec, r, client.address(), context)), {});
+          done(nullptr, std::move(r));
+        },
+        redis::CallOptions{timeout});
+  });
 }
 
 }  // namespace jobguard::job::detail

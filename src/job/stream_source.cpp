@@ -63,22 +63,6 @@ const redis::Script& unique_release_script() {
   static const redis::Script s{std::string(job_scripts::unique_release)};
   return s;
 }
-// EVALSHA as a coroutine on the client's loop; an error (with the server's
-// words) is thrown, as async_exec does.
-awaitable<Reply> eval_on_loop(redis::Client& client, const redis::Script& script, std::vector<std::string> keys,
-                              std::vector<std::string> args, std::chrono::milliseconds timeout) {
-  co_return co_await detail::await_done<Reply>([&](detail::Done<Reply> done) {
-    client.async_eval(
-        script, std::move(keys), std::move(args),
-        [&client, done = std::move(done), context = std::string("EVALSHA ") + script.sha1()](std::error_code ec,
-                                                                                           Reply r) mutable {
-          if (ec) return done(std::make_exception_ptr(redis::to_error(ec, r, client.address(), context)), Reply{});
-          done(nullptr, std::move(r));
-        },
-        CallOptions{timeout});
-  });
-}
-
 const redis::Script& unique_reap_script() {
   static const redis::Script s{std::string(job_scripts::unique_state) + std::string(job_scripts::unique_reap)};
   return s;
@@ -208,7 +192,7 @@ awaitable<bool> StreamSource::async_release_unique(std::string lock_key, std::st
   // Named, not braced temporaries in the co_await: g++ 12 mishandles those.
   std::vector<std::string> keys{std::move(lock_key), unique_registry_key(opts_.stream)};
   std::vector<std::string> args{std::move(job_id)};
-  Reply r = co_await eval_on_loop(client_, unique_release_script(), std::move(keys), std::move(args),
+  Reply r = co_await detail::eval_on_loop(client_, unique_release_script(), std::move(keys), std::move(args),
                                   opts_.call_timeout);
   co_return r.integer == 1;
 }
@@ -219,7 +203,7 @@ awaitable<std::vector<std::pair<std::string, std::string>>> StreamSource::async_
   do {
     std::vector<std::string> keys{unique_registry_key(opts_.stream), opts_.stream};
     std::vector<std::string> args{opts_.group, cursor, std::to_string(std::max<std::size_t>(budget, 1))};
-    Reply r = co_await eval_on_loop(client_, unique_reap_script(), std::move(keys), std::move(args),
+    Reply r = co_await detail::eval_on_loop(client_, unique_reap_script(), std::move(keys), std::move(args),
                                     opts_.call_timeout);
     if (!r.is_array() || r.elements.size() < 2) break;
     cursor = r.elements[0].str;

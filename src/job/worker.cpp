@@ -28,6 +28,10 @@
 
 namespace jobguard::job {
 
+namespace job_scripts {
+extern const std::string_view rate_take;
+}  // namespace job_scripts
+
 namespace asio = boost::asio;
 using asio::awaitable;
 using asio::use_awaitable;
@@ -179,6 +183,9 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
                   fmt::format("stream worker: concurrency {} outside [1, 4096]", o.concurrency));
     if (o.id_field.empty()) throw Error(errc::invalid_argument, "stream worker: empty id_field");
     if (o.max_jobs < 0) throw Error(errc::invalid_argument, "stream worker: max_jobs must be >= 0");
+    for (const auto& rate : o.rates)
+      if (rate.count <= 0 || rate.per.count() <= 0 || rate.interval().count() < 1)
+        throw Error(errc::invalid_argument, "stream worker: a rate limit needs a count and a period above 0");
     if (o.unique_reap_interval.count() < 0)
       throw Error(errc::invalid_argument, "stream worker: unique_reap_interval must be >= 0");
     if (o.retry_backoff.count() <= 0 || o.retry_backoff_max < o.retry_backoff)
@@ -371,6 +378,43 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
                                    .extra = {{"message", std::string("its job left the queue without releasing it")}}});
   }
 
+  // Waits until every rate limit lets `job` start. Empty when it may; else
+  // why it may not start now (stopping, or Redis unreachable: the job is
+  // then left for later, as any run that meets a backend down).
+  awaitable<std::optional<std::string>> pass_rates(const StreamJob& job) {
+    static const redis::Script take{std::string(job_scripts::rate_take)};
+    for (const auto& rate : o.rates) {
+      const std::string value = rate.field.empty() ? std::string() : job.field(rate.field);
+      if (!rate.field.empty() && value.empty()) continue;
+      const std::string key = rate_key(rate, runner.lock_class().name, value);
+      const auto began = Clock::now();
+      bool waited = false;
+      for (;;) {
+        redis::Reply r;
+        try {
+          std::vector<std::string> keys{key};
+          std::vector<std::string> args{std::to_string(rate.interval().count())};
+          r = co_await detail::eval_on_loop(client, take, std::move(keys), std::move(args), milliseconds(2000));
+        } catch (const std::exception& e) {
+          co_return fmt::format("rate limit {}: {}", key, e.what());
+        }
+        if (r.integer <= 0) break;
+        waited = true;
+        if (soft.stop_requested()) co_return std::string("stopping while waiting for rate limit ") + key;
+        // Short naps, so a stop is seen within 100 ms of being asked for.
+        asio::steady_timer t(loop, std::min<std::chrono::microseconds>(std::chrono::microseconds(r.integer),
+                                                                        std::chrono::milliseconds(100)));
+        co_await t.async_wait(asio::as_tuple(use_awaitable));
+      }
+      if (waited) {
+        std::lock_guard lk(mu);
+        ++st.rate_limited;
+        st.rate_wait_ms += std::chrono::duration_cast<milliseconds>(Clock::now() - began).count();
+      }
+    }
+    co_return std::nullopt;
+  }
+
   // Releases the unique lock `job` carries (if still its own). A failure is
   // logged, not thrown: the job's outcome stands, and the reaper frees the
   // lock once the job is gone.
@@ -467,9 +511,14 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     unit.run_id = job.field(o.run_field);
     if (unit.run_id.empty()) unit.run_id = job.id;
     unit.job_id = job.id;
+    std::optional<std::string> limited;
+    if (has_id && !unit.id.empty() && !o.rates.empty()) limited = co_await pass_rates(job);
     if (!has_id || unit.id.empty()) {
       d = {Action::dead_letter, has_id ? fmt::format("job field \"{}\" is empty", o.id_field)
                                        : fmt::format("job has no field \"{}\"", o.id_field)};
+    } else if (limited) {
+      // Not run: a job over its rate limit is never dropped or failed.
+      d = {soft.stop_requested() ? Action::leave_pending : Action::retry_later, std::move(*limited)};
     } else {
       try {
         // The effects are named, not temporaries in the co_await: g++ 12

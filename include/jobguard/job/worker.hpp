@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "jobguard/job/limits.hpp"
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
 
@@ -170,6 +171,10 @@ struct WorkerOptions {
   // Threads for blocking effects and stores. Default 0: `concurrency` for a
   // JobEffect, 1 otherwise (a PostgreSQL store is called there).
   int blocking_threads = 0;
+  // Rate limits (limits.hpp) every job must pass before its run: a job over
+  // a limit waits in its slot for its turn (never dropped, never failed); a
+  // job without a limit's field is not limited by it.
+  std::vector<RateLimit> rates{};
   // How often the worker frees orphaned unique locks of its stream
   // (StreamSource::reap_unique), the first time when it starts. Default 30 s;
   // 0: never.
@@ -192,6 +197,8 @@ struct WorkerStats {
   std::int64_t unique_released = 0;   // unique locks released by their jobs (unique.hpp)
   std::int64_t unique_conflicts = 0;  // while-executing copies delivered while their unit ran
   std::int64_t unique_reaped = 0;     // orphaned unique locks freed by this worker's reaper
+  std::int64_t rate_limited = 0;      // jobs that waited for a rate limit before their run
+  std::int64_t rate_wait_ms = 0;      // the time they waited, in all
   std::int64_t finished() const noexcept { return completed + skipped + dead_lettered; }
 };
 

@@ -1,0 +1,87 @@
+// `jobguard jobs work --rate` at the binary against a real redis-server:
+// four worker processes share one budget, one of them is restarted mid-run,
+// and every job start is logged by its CMD. The limit is an upper bound and
+// is checked as one (never more than the rate in any window of one period,
+// with a start or two of slack for process start-up jitter); how close the
+// workers came to it is printed, not asserted (a loaded machine only slows
+// them). No job is lost, failed or dead-lettered by the limit.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "support/cli_fixture.hpp"
+#include "support/subprocess.hpp"
+
+namespace jobguard::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+
+class RateCli : public CliTest {};
+
+TEST_F(RateCli, FourWorkersOneRestartedKeepTheSharedRateAndLoseNoJob) {
+  // JOBGUARD_RATE_FAULT_SECONDS=60 for the long run; the suite's is short.
+  const int seconds = std::getenv("JOBGUARD_RATE_FAULT_SECONDS") ? std::atoi(std::getenv("JOBGUARD_RATE_FAULT_SECONDS")) : 4;
+  const int rate = 25, jobs = rate * seconds;
+  const std::string stream = key("q"), log = file("starts"), bin = jobguard_binary();
+  std::string script;
+  for (int i = 0; i < jobs; ++i)
+    script += fmt::format("XADD {} * id job{} provider acme\n", stream, i);
+  for (std::istringstream in(script); !in.eof();) {
+    std::string line;
+    std::getline(in, line);
+    if (!line.empty()) admin(line);
+  }
+  const Args work{bin,      "--redis",        url(),  "--json", "jobs", "work", "--stream", stream, "--class", "rl",
+                  "--rate", fmt::format("provider={}/s", rate), "--concurrency", "8", "--claim-idle", "1s",
+                  "--exit-when-idle", "3s", "--", "sh", "-c", "echo \"$JOBGUARD_FIELD_ID $(date +%s%N)\" >> \"$0\"",
+                  log};
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<Subprocess>(work));
+  std::this_thread::sleep_for(std::chrono::milliseconds(seconds * 500));
+  workers[0]->signal(SIGTERM);  // a deploy: its jobs in flight stay pending and are taken over
+  const auto stopped = workers[0]->wait_or_kill(20s);
+  EXPECT_EQ(stopped.status, 0) << stopped.err;
+  workers[0] = std::make_unique<Subprocess>(work);
+  long long rate_waits = 0;
+  for (auto& w : workers) {
+    const auto r = w->wait_or_kill(std::chrono::seconds(seconds * 4 + 60));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto at = r.out.find("\"rate_limited\":");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    rate_waits += std::atoll(r.out.c_str() + at + 15);
+    EXPECT_NE(r.out.find("\"failed\":0"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"dead_lettered\":0"), std::string::npos) << r.out;
+  }
+  std::istringstream in(read_file(log));
+  std::vector<long long> starts_ms;
+  std::set<std::string> ids;
+  for (std::string id, ns; in >> id >> ns;) {
+    ids.insert(id);
+    starts_ms.push_back(std::stoll(ns) / 1000000);
+  }
+  EXPECT_EQ(static_cast<int>(ids.size()), jobs) << "jobs lost";
+  EXPECT_EQ(admin("XLEN " + stream + ":dead"), "0");
+  EXPECT_GT(rate_waits, 0) << "no job ever waited for the limit";
+  std::sort(starts_ms.begin(), starts_ms.end());
+  int most = 0;
+  for (std::size_t i = 0, j = 0; i < starts_ms.size(); ++i) {
+    while (starts_ms[i] - starts_ms[j] >= 1000) ++j;
+    most = std::max(most, static_cast<int>(i - j + 1));
+  }
+  EXPECT_LE(most, rate + 2) << "starts in one second";
+  const double span_s = static_cast<double>(starts_ms.back() - starts_ms.front()) / 1000.0;
+  std::cout << fmt::format("rate run: {} starts (a restarted worker's retaken jobs included) in {:.2f} s: {:.2f}/s "
+                           "against {}/s; at most {} in any 1 s window\n",
+                           starts_ms.size(), span_s, span_s > 0 ? (starts_ms.size() - 1) / span_s : 0.0, rate, most);
+}
+
+}  // namespace
+}  // namespace jobguard::test
