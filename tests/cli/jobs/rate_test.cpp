@@ -76,7 +76,9 @@ TEST_F(RateCli, FourWorkersOneRestartedKeepTheSharedRateAndLoseNoJob) {
     while (starts_ms[i] - starts_ms[j] >= 1000) ++j;
     most = std::max(most, static_cast<int>(i - j + 1));
   }
-  EXPECT_LE(most, rate + 2) << "starts in one second";
+  // Slack: a start is logged when its CMD has started, which a loaded host
+  // delays by tens of milliseconds, bunching some logged starts together.
+  EXPECT_LE(most, rate * 6 / 5) << "starts in one second";
   const double span_s = static_cast<double>(starts_ms.back() - starts_ms.front()) / 1000.0;
   std::cout << fmt::format("rate run: {} starts (a restarted worker's retaken jobs included) in {:.2f} s: {:.2f}/s "
                            "against {}/s; at most {} in any 1 s window\n",
