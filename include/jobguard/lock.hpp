@@ -164,7 +164,9 @@ struct QuarantineOptions {
 // The explicit opt-out for a server the caller has just started empty (test
 // fixtures, `--embedded`): records it as having kept its state, so its first
 // grants are not quarantined. Never for a server that may have granted locks
-// before: a restarted one looks exactly like a new one. Blocking; throws Error.
+// before: a restarted one looks exactly like a new one. Unchecked and without
+// an audit; for a server someone else provisioned, the TrustOptions overload
+// below. Blocking; throws Error.
 void trust_new_server(redis::Client& client);
 
 // The checked way to trust a server just provisioned (`jobguard server
