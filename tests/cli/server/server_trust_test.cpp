@@ -95,6 +95,18 @@ TEST_F(ServerTrust, AFreshServerIsRefusedWithTheWayForwardThenTrustedThenRuns) {
   EXPECT_EQ(record("id"), epoch);
 }
 
+TEST_F(ServerTrust, BenchOnAFreshServerIsRefusedWithTheWayForwardInsteadOfMeasuringRefusals) {
+  auto r = run_jobguard({"--redis", url(), "bench", "--workers", "2", "--seconds", "0.2", "--rounds", "1"}, 60s);
+  EXPECT_EQ(r.status, 69) << r.err;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("`jobguard server trust --redis " + url() + "`"), std::string::npos) << r.err;
+  ASSERT_EQ(run_jobguard({"--redis", url(), "server", "trust"}, 30s).status, 0);
+  auto ok = run_jobguard({"--redis", url(), "--json", "bench", "--workers", "2", "--seconds", "0.2", "--rounds", "1"},
+                         60s);
+  ASSERT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(json::parse(ok.out)["lock"]["errors"].get<std::uint64_t>(), 0u) << ok.out;
+}
+
 TEST_F(ServerTrust, KeysUnderThePrefixAreRefusedUnlessForcedAndTheForceIsRecorded) {
   admin("SET jobguard:lock:{invoice:1} someone");
   admin("SET other:thing 1");  // not under the prefix: no sign
@@ -150,7 +162,7 @@ TEST_F(ServerTrust, ARecordOfAnotherServerProcessIsRefusedAndItsQuarantineGetsNo
       << after.err;
 }
 
-TEST_F(ServerTrust, FlushallInTheCommandStatsAndEvictionsAreSigns) {
+TEST_F(ServerTrust, FlushallInTheCommandStatsIsASign) {
   admin("FLUSHALL");
   auto r = run_jobguard({"--redis", url(), "--json", "server", "trust"}, 30s);
   EXPECT_EQ(r.status, 1) << r.err;
