@@ -62,6 +62,7 @@ void add_stats(CLI::App& root, Globals& g, Commands& out);
 void add_locks(CLI::App& root, Globals& g, Commands& out);
 void add_doctor(CLI::App& root, Globals& g, Commands& out);
 void add_policy(CLI::App& root, Globals& g, Commands& out);
+void add_server(CLI::App& root, Globals& g, Commands& out);
 // `jobs work`, added to the `jobs` subcommand by add_jobs.
 void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out);
 

@@ -27,7 +27,7 @@ constexpr CommandEntry kCommands[] = {
     {"run", add_run},     {"jobs", add_jobs},   {"pg", add_pg},
     {"demo", add_demo},   {"bench", add_bench}, {"serve", add_serve},
     {"stats", add_stats}, {"locks", add_locks}, {"doctor", add_doctor},
-    {"policy", add_policy},
+    {"policy", add_policy}, {"server", add_server},
 };
 
 }  // namespace

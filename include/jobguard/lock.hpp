@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "jobguard/clock.hpp"
 #include "jobguard/error.hpp"
@@ -162,8 +164,59 @@ struct QuarantineOptions {
 // The explicit opt-out for a server the caller has just started empty (test
 // fixtures, `--embedded`): records it as having kept its state, so its first
 // grants are not quarantined. Never for a server that may have granted locks
-// before: a restarted one looks exactly like a new one. Blocking; throws Error.
+// before: a restarted one looks exactly like a new one. Unchecked and without
+// an audit; for a server someone else provisioned, the TrustOptions overload
+// below. Blocking; throws Error.
 void trust_new_server(redis::Client& client);
+
+// The checked way to trust a server just provisioned (`jobguard server
+// trust`): refuses when the server shows signs of having served locks, and
+// leaves an audit record (who, when, why) in the lock-state record.
+// docs/lock-safety.md, "Trusting a new server".
+struct TrustOptions {
+  // Why: stored in the record (trusted_why) and in the caller's log line.
+  std::string reason;
+  // Trust in spite of the signs found (they are stored in the record,
+  // trusted_forced). Also lifts a quarantine running on the server.
+  bool force = false;
+  // The lock keys' prefix (LockService's): any key under "<prefix>:" but the
+  // lock-state record itself is a sign of locks served.
+  std::string key_prefix = "jobguard";
+  // Who: default empty = "user@host pid N" of this process.
+  std::string who;
+  // SCAN COUNT hint while looking for keys under the prefix.
+  std::size_t scan_count = 1000;
+};
+
+// One primary's answer (one server: one; a cluster: one per primary).
+struct TrustedServer {
+  enum class Outcome {
+    trusted,  // the record now says intact; written by this call
+    already,  // the record already said intact (this process wrote it, nothing evicted, no quarantine): untouched
+    refused,  // signs of having served locks and no force: untouched
+  };
+  std::string address;  // host:port of the primary
+  Outcome outcome = Outcome::refused;
+  std::string epoch;                // the record's epoch id (after the call)
+  std::int64_t server_time_ms = 0;  // the server's TIME when it judged (ms since the epoch)
+  std::vector<std::string> signs;   // what it found: why it refused, or what force overrode
+  // The record's audit fields ("" / 0 when it has none: trusted by the
+  // unchecked trust_new_server(client), or never trusted).
+  std::string trusted_by, trusted_why;
+  std::int64_t trusted_at_ms = 0;
+};
+
+struct TrustResult {
+  std::vector<TrustedServer> servers;
+  // True when any primary refused; then no record was written anywhere (on a
+  // cluster every primary is judged before any is written).
+  bool refused() const noexcept;
+};
+
+// Blocking; throws Error: invalid_argument for a replica or a bad prefix,
+// as Client::exec for the connection. A refusal is not an exception: see
+// TrustResult::refused().
+TrustResult trust_new_server(redis::Client& client, const TrustOptions& opts);
 
 class LockService;
 

@@ -9,6 +9,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/redis/options.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -61,8 +62,32 @@ bool StateGate::waitaof() const noexcept {
   return client_.options().lock_waitaof && aof_enabled_ && version_at_least(server_version_, 7, 2);
 }
 
-std::string quarantine_message(const std::string& reason, ms left) {
-  return fmt::format("server lost lock state ({}); grants refused for {} ms more", reason, left.count());
+std::string quarantine_message(const std::string& reason, ms left, const std::string& url) {
+  std::string m = fmt::format("server lost lock state ({}); grants refused for {} ms more", reason, left.count());
+  if (!url.empty() && only_missing_records(reason))
+    m += fmt::format(": if the server was just provisioned (not restarted), `jobguard server trust --redis {}` ends "
+                     "this now, else wait {} s",
+                     url, std::chrono::ceil<std::chrono::seconds>(left).count());
+  return m;
+}
+
+// Every shard's reason (on a cluster "address: reason" joined by "; ") is a
+// missing record: the one case a new server shows. Anything else (another
+// run_id, evictions) is a server that served, and trusting it is no way out.
+bool only_missing_records(std::string_view reason) {
+  if (reason.empty()) return false;
+  std::size_t at = 0;
+  while (at <= reason.size()) {
+    auto end = reason.find("; ", at);
+    if (end == std::string_view::npos) end = reason.size();
+    if (reason.substr(at, end - at).find(kNoRecordReason) == std::string_view::npos) return false;
+    at = end + 2;
+  }
+  return true;
+}
+
+std::string StateGate::refusal(ms left) const {
+  return quarantine_message(reason_, left, redis::to_display_url(client_.options()));
 }
 
 StateGate::StateGate(redis::Client& client, ms max_ttl, ms recheck, const MonotonicClock& clock)
@@ -110,7 +135,7 @@ void StateGate::admit(Admit cb) {
     // change before the deadline, so do not ask it again.
     if (now < quarantine_until_) {
       const auto left = std::chrono::ceil<ms>(quarantine_until_ - now);
-      return cb(make_error_code(errc::server_busy), quarantine_message(reason_, left), left, nullptr);
+      return cb(make_error_code(errc::server_busy), refusal(left), left, nullptr);
     }
     // A quarantine just ended: the server says whether grants resume (it may
     // have found another loss meanwhile).
@@ -367,7 +392,7 @@ void StateGate::apply(std::shared_ptr<Ticket> t, ms left, std::string reason) {
     for (auto& [owner, fn] : ls)
       if (auto keep = owner.lock()) fn(id, reason_);
   }
-  if (left.count() > 0) return settle(make_error_code(errc::server_busy), quarantine_message(reason_, left), left);
+  if (left.count() > 0) return settle(make_error_code(errc::server_busy), refusal(left), left);
   settle({}, {}, ms(0));
 }
 

@@ -113,6 +113,7 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   // The last good check's epoch of the shard `node` served then ("" if none).
   const std::string& last_epoch_for(const redis::PrimaryShard& node) const;
   void settle(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in);
+  std::string refusal(std::chrono::milliseconds left) const;  // quarantine_message for this server
 
   redis::Client& client_;
   const MonotonicClock& clock_;
@@ -141,7 +142,17 @@ std::string lock_state_key_for(const redis::PrimaryShard& shard);
 // "7.2.4" >= 7.2; false for anything that does not start with "<n>.<n>".
 bool version_at_least(std::string_view version, int major, int minor);
 
-// The message a refused grant carries.
-std::string quarantine_message(const std::string& reason, std::chrono::milliseconds left);
+// epoch.lua's reason for a server without a record (a new server, or one
+// restarted empty: the two look the same).
+inline constexpr std::string_view kNoRecordReason = "no lock-state record";
+
+// The message a refused grant carries. With `url`, a quarantine whose only
+// reason is a missing record also names the way forward: `jobguard server
+// trust --redis URL` for a server just provisioned, else how long to wait.
+std::string quarantine_message(const std::string& reason, std::chrono::milliseconds left,
+                               const std::string& url = {});
+// True when `reason` (a cluster's: "address: reason" joined by "; ") says
+// only that records were missing.
+bool only_missing_records(std::string_view reason);
 
 }  // namespace jobguard::detail

@@ -62,9 +62,20 @@ elseif(STEP STREQUAL "readme_example")
   file(WRITE ${src}/main.cpp "${main_cpp}")
   file(WRITE ${src}/CMakeLists.txt "${cmakelists}")
   build_project(${src} readme_example)
-  # Twice on one server: the first run charges, the second finds the
-  # completion record and runs nothing.
-  run(${WORK_DIR}/harness/with_redis --runs 2 ${WORK_DIR}/readme_example/billing)
+  # The README's steps for a Redis just provisioned, as they are (its URL
+  # replaced by the harness server's, which the harness exports as
+  # JOBGUARD_REDIS_URL), on a server the harness does not trust itself: the
+  # installed `jobguard server trust`, then the program. Then the program a
+  # second time on the same server: the first run charges, the second finds
+  # the completion record and runs nothing.
+  readme_block("<!-- consumer: first run -->" sh first_run)
+  string(REPLACE "redis://127.0.0.1:6379/0" "$JOBGUARD_REDIS_URL" first_run "${first_run}")
+  if(NOT first_run MATCHES "server trust")
+    message(FATAL_ERROR "README.md's first-run block names no `server trust`:\n${first_run}")
+  endif()
+  file(WRITE ${WORK_DIR}/readme_example/first_run.sh
+       "set -e\ncd '${WORK_DIR}/readme_example'\nPATH='${prefix}/bin':\"$PATH\"\n${first_run}./billing\n")
+  run(${WORK_DIR}/harness/with_redis --untrusted /bin/sh ${WORK_DIR}/readme_example/first_run.sh)
   string(REGEX MATCHALL "charge: [a-z_]+" outcomes "${run_out}")
   if(NOT outcomes STREQUAL "charge: completed;charge: already_done")
     message(FATAL_ERROR "the README example ran wrong:\n${run_out}")
