@@ -194,8 +194,13 @@ struct Outcome {
 // kRunFor, and on until `faults_wanted` faults are in (at most kMoreFor more).
 class JobRun {
  public:
-  JobRun(std::string url, std::string dir, std::string effect_seconds = kEffectSeconds)
-      : url_(std::move(url)), dir_(std::move(dir)), effect_seconds_(std::move(effect_seconds)) {
+  JobRun(std::string url, std::string dir, std::string effect_seconds = kEffectSeconds, std::string ttl = kTtl,
+         std::string max_ttl = kMaxTtl)
+      : url_(std::move(url)),
+        dir_(std::move(dir)),
+        effect_seconds_(std::move(effect_seconds)),
+        ttl_(std::move(ttl)),
+        max_ttl_(std::move(max_ttl)) {
     std::filesystem::create_directories(dir_);
   }
   // The workers' stderr lines that name `what`.
@@ -319,8 +324,8 @@ class JobRun {
         std::lock_guard<std::mutex> g(mu_);
         attempted_.insert(j);
       }
-      auto r = run_jobguard({"--redis", url_ + "?max_ttl=" + kMaxTtl + "&timeout=500ms&connect_timeout=500ms", "run",
-                             "--key", fmt::format("job:{}", j), "--ttl", kTtl, "--grace", "1s", "--fence", "--", "sh",
+      auto r = run_jobguard({"--redis", url_ + "?max_ttl=" + max_ttl_ + "&timeout=500ms&connect_timeout=500ms", "run",
+                             "--key", fmt::format("job:{}", j), "--ttl", ttl_, "--grace", "1s", "--fence", "--", "sh",
                              "-c", kJobScript, "job", std::to_string(j), dir_, effect_seconds_},
                             30s);
       {
@@ -341,7 +346,7 @@ class JobRun {
     }
   }
 
-  std::string url_, dir_, effect_seconds_;
+  std::string url_, dir_, effect_seconds_, ttl_, max_ttl_;
   std::atomic<int> current_{0};
   std::atomic<bool> finished_{false};
   mutable std::mutex mu_;
@@ -502,9 +507,11 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
 // The server's wall clock stepped forward by more than the TTL while a holder
 // works and contenders ask every ~40 ms: redis-server runs under an
 // LD_PRELOAD shim (clock_shim.cpp) whose offset the test moves. Redis then
-// expires the holder's key at once; the holder's clock probe must find the
-// step, write the quarantine to the lock-state record and stop its CMD
-// before the CMD writes (1 s into the job, the step lands 0.4 s in).
+// expires the holder's key at once and a contender is granted; the holder's
+// clock probe must find the step, write the quarantine to the lock-state
+// record and stop its CMD before the CMD writes. The step lands 0.4 s into a
+// 0.9 s job whose lease (3 s TTL) renews every second: the renewal that
+// would find the key gone comes after the write.
 void write_offset(const std::string& path, std::int64_t us) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   ASSERT_GE(fd, 0) << path;
@@ -534,8 +541,8 @@ TEST_F(QuarantineFault, ServerClockStepsForwardAreFoundAndNoJobIsDoneTwice) {
   ASSERT_GT(after - before, 3599LL * 1000000) << "the clock shim did not move the server's clock";
   std::int64_t offset = 3600LL * 1000000;
 
-  // Larger than the TTL (1 s) and the quarantine (2 s): every key is gone.
-  constexpr std::int64_t kStep = 3000000;
+  // Larger than the TTL (3 s) and the quarantine (4 s): every key is gone.
+  constexpr std::int64_t kStep = 5000000;
   constexpr int kSteps = 3;
   struct Found {
     double latency_ms = -1;         // from the step to the record counting it
@@ -546,7 +553,7 @@ TEST_F(QuarantineFault, ServerClockStepsForwardAreFoundAndNoJobIsDoneTwice) {
     const auto v = redis_command_at(r.host(), r.port(), "HGET jobguard:epoch clock_steps");
     return v == "(nil)" ? 0 : std::stoi(v);
   };
-  JobRun run(r.url(), dir_ + "/clock", "1.0");
+  JobRun run(r.url(), dir_ + "/clock", "0.9", "3s", "4s");
   int steps = 0, last_job = -1;
   const auto o = run.run([&](int job) {
     if (steps >= kSteps || job == last_job) return false;
