@@ -159,6 +159,11 @@ struct QuarantineOptions {
   // restart or failover breaks the connection and is checked at once).
   // Default 1 s; must be > 0.
   std::chrono::milliseconds recheck{1000};
+  // While the service grants or holds a lease, the server's TIME is read
+  // this often, so a holder learns within it that a forward step of the
+  // server's clock expired its key early (docs/lock-safety.md, "Server clock
+  // steps"). Default 200 ms; 0 = only the checks' and grants' own readings.
+  std::chrono::milliseconds clock_probe{200};
 };
 
 // The explicit opt-out for a server the caller has just started empty (test

@@ -121,7 +121,7 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   if (!plain) {
     std::vector<std::string> keys{k.lock_key(resource), k.fence_key(resource)};
     keys.insert(keys.end(), std::make_move_iterator(c.keys.begin()), std::make_move_iterator(c.keys.end()));
-    std::vector<std::string> args{token, ttl, opts.fence ? "1" : "0", ticket->evicted};
+    std::vector<std::string> args{token, ttl, opts.fence ? "1" : "0", ticket->script_evicted_for(k.lock_key(resource))};
     args.insert(args.end(), std::make_move_iterator(c.args.begin()), std::make_move_iterator(c.args.end()));
     if (c.eval) return c.eval(std::move(keys), std::move(args), std::move(on_reply), call);
     return svc.client().async_eval(*c.script, std::move(keys), std::move(args), std::move(on_reply), call);

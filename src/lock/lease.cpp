@@ -300,6 +300,9 @@ struct LeaseScheduler::Impl {
     auto self = owner.lock();
     if (!self) return;
     batches.fetch_add(1, std::memory_order_relaxed);
+    // Leases are held: keep the gate reading the server's clock, so a step
+    // that expires their keys early is found within its probe interval.
+    if (gate_ptr) gate().touch();
     // Views into the leases' own strings (the batch keeps them alive while
     // the request is encoded): no copies.
     std::vector<LockService::ExtendEntry> entries;

@@ -650,12 +650,17 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      entry_,
-                                     ticket_->evicted_for(key_),
+                                     ticket_->script_evicted_for(key_),
                                      waiter_id_,
                                      arrival_};
+    // The grant carries the server's clock: a grant that reveals a step is
+    // beside a holder whose key the step expired, and is handed back.
+    const bool clock = gate_->watches_clock();
+    if (clock) args.emplace_back("1");
+    const auto steady_sent = std::chrono::steady_clock::now();
     svc_->client().async_eval_confirmed(
         script_acquire(), script_keys_, std::move(args), confirm(),
-        [self](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+        [self, clock, steady_sent](std::error_code ec, redis::Reply r, redis::Confirmation c) {
           if (ec) return self->failed(ec, std::move(r.str));
           if (!r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer())
             return self->failed(make_error_code(errc::protocol_error),
@@ -667,6 +672,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
             return self->run(self->m_.reply(self->clock_.now(), Machine::Reply::retry));
           }
           if (r.elements[0].integer == 1) {
+            if (clock && r.elements.size() > 2 && r.elements[2].is_integer())
+              self->gate_->clock_sample(r.elements[2].integer, steady_sent, std::chrono::steady_clock::now());
             std::optional<std::int64_t> fence;
             if (r.elements[1].integer >= 0) fence = r.elements[1].integer;
             return self->granted_reply(fence, c);
@@ -811,7 +818,9 @@ LockService::LockService(redis::Client& client, LockServiceOptions o)
   if (max_ttl_ < std::chrono::milliseconds(10))
     throw Error(errc::invalid_argument, fmt::format("max TTL {} ms is below the 10 ms minimum", max_ttl_.count()));
   if (o.quarantine.recheck.count() <= 0) throw Error(errc::invalid_argument, "quarantine recheck must be positive");
-  gate_ = std::make_shared<detail::StateGate>(client, max_ttl_, o.quarantine.recheck, *clock_);
+  if (o.quarantine.clock_probe.count() < 0)
+    throw Error(errc::invalid_argument, "quarantine clock_probe must not be negative");
+  gate_ = std::make_shared<detail::StateGate>(client, max_ttl_, o.quarantine.recheck, *clock_, o.quarantine.clock_probe);
 }
 
 observe::LockClassMetrics& LockService::class_metrics(const std::string& lock_class) const {

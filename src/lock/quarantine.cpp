@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <boost/asio/steady_timer.hpp>
 #include <future>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "jobguard/error.hpp"
@@ -90,8 +93,8 @@ std::string StateGate::refusal(ms left) const {
   return quarantine_message(reason_, left, redis::to_display_url(client_.options()));
 }
 
-StateGate::StateGate(redis::Client& client, ms max_ttl, ms recheck, const MonotonicClock& clock)
-    : client_(client), clock_(clock), max_ttl_(max_ttl), recheck_(recheck) {}
+StateGate::StateGate(redis::Client& client, ms max_ttl, ms recheck, const MonotonicClock& clock, ms clock_probe)
+    : client_(client), clock_(clock), max_ttl_(max_ttl), recheck_(recheck), watch_(max_ttl), clock_probe_(clock_probe) {}
 
 // On a cluster a first connect counts too: a connection to a node met for
 // the first time (the replica a failover promoted) is a server the last
@@ -101,7 +104,7 @@ std::uint64_t StateGate::mark() const {
   return client_.options().cluster ? s.connects : s.reconnects;
 }
 
-bool StateGate::current(const Ticket& t) const { return mark() == t.mark; }
+bool StateGate::current(const Ticket& t) const { return mark() == t.mark && t.clock_gen == clock_gen_; }
 
 void StateGate::invalidate() { ticket_.reset(); }
 
@@ -118,6 +121,7 @@ void StateGate::listen(std::weak_ptr<void> owner, Listener l) {
 }
 
 StateGate::TicketPtr StateGate::ready() {
+  touch();
   if (!ticket_ || ticket_->mark != mark()) return nullptr;
   const auto now = clock_.now();
   if (now < quarantine_until_ || checked_at_ < quarantine_until_) return nullptr;
@@ -129,6 +133,7 @@ StateGate::TicketPtr StateGate::ready() {
 }
 
 void StateGate::admit(Admit cb) {
+  touch();
   const auto now = clock_.now();
   if (ticket_ && ticket_->mark == mark()) {
     // In quarantine on the same connection: the server's answer will not
@@ -168,8 +173,9 @@ struct StateGate::Checked {
   std::string id, evicted, reason, role, version;
   ms left{0};
   bool evicting = false, aof = false;
+  std::optional<std::int64_t> now_us;  // the server's TIME
   static std::optional<Checked> parse(const redis::Reply& r) {
-    if (!r.is_array() || r.elements.size() != 8) return std::nullopt;
+    if (!r.is_array() || r.elements.size() < 8) return std::nullopt;
     Checked c;
     c.id = r.elements[0].str;
     c.left = ms(r.elements[1].integer);
@@ -179,6 +185,7 @@ struct StateGate::Checked {
     c.role = r.elements[5].str;
     c.version = r.elements[6].str;
     c.aof = r.elements[7].is_integer() && r.elements[7].integer == 1;
+    if (r.elements.size() > 8 && r.elements[8].is_integer()) c.now_us = r.elements[8].integer;
     return c;
   }
 };
@@ -204,6 +211,11 @@ const std::string& StateGate::Ticket::evicted_for(std::string_view key) const {
   if (shards.empty()) return evicted;
   const auto* s = shard_for(key);
   return s ? s->evicted : kNoEpoch;
+}
+
+const std::string& StateGate::Ticket::script_evicted_for(std::string_view key) const {
+  const auto& e = evicted_for(key);
+  return e.empty() && shards.empty() ? evicted_count : e;
 }
 
 bool StateGate::checked_current(std::string_view key) const {
@@ -239,9 +251,16 @@ void StateGate::check() {
   if (client_.options().cluster) return check_cluster(sent_mark);
   std::vector<std::string> keys{kLockStateKey};
   std::vector<std::string> args{std::to_string(max_ttl_.count()), "check"};
+  // A step found and not yet in the record: this check writes it there.
+  const bool stepping = pending_step_ms_ > 0;
+  if (stepping) {
+    args[1] = "step";
+    args.push_back(std::to_string(pending_step_ms_));
+  }
+  const auto sent = std::chrono::steady_clock::now();
   client_.async_eval(script_epoch(), std::move(keys), std::move(args),
-                     [self = shared_from_this(), sent_mark](std::error_code ec, redis::Reply r) {
-                       self->on_checked(sent_mark, ec, std::move(r));
+                     [self = shared_from_this(), sent_mark, sent, stepping](std::error_code ec, redis::Reply r) {
+                       self->on_checked(sent_mark, sent, stepping, ec, std::move(r));
                      });
 }
 
@@ -294,13 +313,22 @@ bool StateGate::retry_after_flap(std::uint64_t sent_mark) {
   return true;
 }
 
-void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r) {
+void StateGate::on_checked(std::uint64_t sent_mark, std::chrono::steady_clock::time_point sent, bool stepping,
+                           std::error_code ec, redis::Reply r) {
   if (ec) return settle(ec, r.str, ms(0));
   if (retry_after_flap(sent_mark)) return;
   const auto c = Checked::parse(r);
   if (!c)
     return settle(make_error_code(errc::protocol_error),
                   "unexpected reply to the lock-state check: " + to_debug_string(r), ms(0));
+  if (stepping) pending_step_ms_ = 0;
+  // The check's own reading of the server's clock; a step it shows (or one
+  // found while it was on its way) is written by a check of its own.
+  if (c->now_us) clock_sample(*c->now_us, sent, std::chrono::steady_clock::now());
+  if (pending_step_ms_ > 0) {
+    retries_ = 0;
+    return check();
+  }
   if (c->role != "master") {
     ticket_.reset();
     return settle(make_error_code(errc::server_busy),
@@ -311,8 +339,10 @@ void StateGate::on_checked(std::uint64_t sent_mark, std::error_code ec, redis::R
   aof_enabled_ = c->aof;
   auto t = std::make_shared<Ticket>();
   t->mark = sent_mark;
+  t->clock_gen = clock_gen_;
   t->epoch = c->id;
   if (c->evicting) t->evicted = c->evicted;
+  t->evicted_count = c->evicted;
   apply(std::move(t), c->left, c->reason);
 }
 
@@ -403,6 +433,112 @@ void StateGate::settle(std::error_code ec, const std::string& detail, ms retry_i
   for (auto& cb : waiting) cb(ec, detail, retry_in, ec ? nullptr : ticket_);
 }
 
+bool StateGate::watches_clock() const noexcept { return !client_.options().cluster; }
+
+void StateGate::warn(const std::string& line) const {
+  if (client_.options().on_warning) client_.options().on_warning(line);
+  else std::fprintf(stderr, "jobguard: warning: %s\n", line.c_str());
+}
+
+bool StateGate::clock_sample(std::int64_t server_us, std::chrono::steady_clock::time_point sent,
+                             std::chrono::steady_clock::time_point received) {
+  if (!watches_clock()) return false;
+  // A reconnect may have reached another server (a failover): its clock is
+  // a new baseline, not a step of the old one (the lock-state check judges
+  // the server change itself).
+  if (const auto m = mark(); m != watch_mark_) {
+    watch_.reset();
+    watch_mark_ = m;
+  }
+  const auto step = watch_.observe(server_us, sent, received);
+  if (step.count() > 0) {
+    clock_stepped(step);
+    return true;
+  }
+  if (step.count() < 0) {
+    // Keys live longer by the step (a crashed holder's lock is freed that
+    // much later) and the fence floor moves back, which the fence counter
+    // itself stays above: liveness, not safety. Told, never quarantined.
+    warn(fmt::format("the clock of {} stepped back by at least {} ms (its TIME against this host's monotonic "
+                     "clock): locks of crashed holders expire that much later",
+                     client_.address(), -step.count() / 1000));
+  }
+  return false;
+}
+
+void StateGate::clock_stepped(std::chrono::microseconds step) {
+  const std::int64_t step_ms = std::max<std::int64_t>(1, step.count() / 1000);
+  ++clock_gen_;  // grants in flight under an earlier ticket are handed back
+  ++clock_steps_;
+  reason_ = fmt::format("the server clock stepped forward by {} ms: lock keys may have expired early", step_ms);
+  warn(fmt::format("the clock of {} stepped forward by at least {} ms (its TIME against this host's monotonic "
+                   "clock): lock keys may have expired early; leases granted before are lost and grants refused "
+                   "for {} ms",
+                   client_.address(), step_ms, max_ttl_.count()));
+  // No grant until the record says so; the check below writes the step there
+  // so every client of the server is quarantined with us.
+  ticket_.reset();
+  last_.reset();
+  const auto now = clock_.now();
+  checked_at_ = now;
+  quarantine_until_ = now + max_ttl_;
+  if (!last_epoch_.empty()) {
+    // Every lease granted before the step is lost now, before the record's
+    // round trip: its key may be gone already.
+    last_epoch_ += "+clock-step";
+    std::erase_if(listeners_, [](const auto& p) { return p.first.expired(); });
+    auto ls = listeners_;
+    for (auto& [owner, fn] : ls)
+      if (auto keep = owner.lock()) fn(last_epoch_, reason_);
+  }
+  pending_step_ms_ = std::max(pending_step_ms_, step_ms);
+  if (!checking_) {
+    waiting_.push_back([](std::error_code, const std::string&, ms, TicketPtr) {});
+    retries_ = 0;
+    check();
+  }
+}
+
+void StateGate::touch() {
+  if (clock_probe_.count() <= 0 || !watches_clock()) return;
+  touched_ = std::chrono::steady_clock::now();
+  if (!probing_) {
+    probing_ = true;
+    arm_probe();
+  }
+}
+
+// The timer lives in its own handler, never in the gate: a gate dropped by
+// another thread must not destroy a timer the loop is waiting on.
+void StateGate::arm_probe() {
+  auto timer = std::make_shared<boost::asio::steady_timer>(client_.get_executor(), clock_probe_);
+  timer->async_wait([timer, w = weak_from_this()](const auto& ec) {
+    if (ec) return;
+    if (auto self = w.lock()) self->probe();
+  });
+}
+
+void StateGate::probe() {
+  const auto now = std::chrono::steady_clock::now();
+  // Idle for a max TTL: nothing held can be shortened by a step any more.
+  if (now - touched_ > max_ttl_) {
+    probing_ = false;
+    return;
+  }
+  const auto sent_mark = mark();
+  client_.async_exec(redis::Command{"TIME"}, [w = weak_from_this(), now, sent_mark](std::error_code ec, redis::Reply r) {
+    auto self = w.lock();
+    if (!self) return;
+    if (!ec && r.is_array() && r.elements.size() == 2 && self->mark() == sent_mark) {
+      const auto num = [](const redis::Reply& e) -> std::int64_t {
+        return e.is_integer() ? e.integer : std::strtoll(e.str.c_str(), nullptr, 10);
+      };
+      self->clock_sample(num(r.elements[0]) * 1000000 + num(r.elements[1]), now, std::chrono::steady_clock::now());
+    }
+    self->arm_probe();
+  });
+}
+
 }  // namespace detail
 
 void trust_new_server(redis::Client& client) {
@@ -414,7 +550,7 @@ void trust_new_server(redis::Client& client) {
     redis::CallOptions on;
     on.node = node;
     const auto r = client.eval(detail::script_epoch(), {std::move(key)}, std::move(args), on);
-    if (!r.is_array() || r.elements.size() != 8)
+    if (!r.is_array() || r.elements.size() < 8)
       throw Error(errc::protocol_error,
                   fmt::format("{}: unexpected reply to the lock-state record: {}", address, redis::to_debug_string(r)));
     if (r.elements[5].str != "master")

@@ -22,6 +22,7 @@
 
 #include "jobguard/clock.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/clock_watch.hpp"
 
 namespace jobguard::detail {
 
@@ -39,10 +40,18 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   };
   struct Ticket {
     std::uint64_t mark = 0;  // the client's connect count the check ran under (mark())
+    std::uint64_t clock_gen = 0;  // server clock steps found before the check (clock_sample)
     // The record's epoch id then; on a cluster every shard's, "address=id"
     // joined by spaces (any shard's change changes it).
     std::string epoch;
     std::string evicted;             // acquire.lua's eviction baseline on an evicting server, else ""
+    // evicted_keys at the check on one server, evicting or not ("" on a
+    // cluster): a script grant compares it too, so a server that starts
+    // evicting between two checks (CONFIG SET maxmemory) refuses the grant.
+    std::string evicted_count;
+    // What a script grant of `key` compares evicted_keys with: evicted_for,
+    // else evicted_count.
+    const std::string& script_evicted_for(std::string_view key) const;
     std::vector<ShardCheck> shards;  // a cluster's shards as checked; empty on one server
     // The epoch a grant of `key` is made in: its shard's on a cluster ("" for
     // a slot no checked shard served), else `epoch`.
@@ -59,9 +68,12 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   // A new epoch was found: every lease granted under another one is lost.
   using Listener = std::function<void(const std::string& epoch, const std::string& reason)>;
 
-  // `clock` (the service's) must outlive the gate.
+  // `clock` (the service's) must outlive the gate. `clock_probe`: how often
+  // the server's TIME is read while the gate is in use (0 = only the checks'
+  // and grants' own readings).
   StateGate(redis::Client& client, std::chrono::milliseconds max_ttl, std::chrono::milliseconds recheck,
-            const MonotonicClock& clock = MonotonicClock::steady());
+            const MonotonicClock& clock = MonotonicClock::steady(),
+            std::chrono::milliseconds clock_probe = std::chrono::milliseconds(200));
 
   void admit(Admit cb);
   // admit()'s common case without a callback: the ticket to grant under
@@ -99,11 +111,29 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   bool aof_enabled() const noexcept { return aof_enabled_; }
   bool waitaof() const noexcept;
 
+  // Server clock steps (lock/clock_watch.hpp). True when the server's wall
+  // clock can be compared with ours: one server (a cluster's nodes have
+  // clocks of their own). Then a grant by acquire.lua asks for the server's
+  // time, and the gate reads it every `clock_probe` while in use.
+  bool watches_clock() const noexcept;
+  // A reading of the server's TIME (µs) taken between `sent` and `received`
+  // (the steady clock, never the service's injectable one: a test's frozen
+  // clock is not a server's step). True when it shows a forward step: the
+  // server is quarantined like one that lost its state, every lease granted
+  // before is lost now, and no ticket issued before is current().
+  bool clock_sample(std::int64_t server_us, std::chrono::steady_clock::time_point sent,
+                    std::chrono::steady_clock::time_point received);
+  // Something holds or wants a lock: keep reading the server's clock for
+  // max_ttl more.
+  void touch();
+  std::uint64_t clock_steps() const noexcept { return clock_steps_; }
+
  private:
   struct Checked;  // one server's reply to epoch.lua
   void check();
   void check_cluster(std::uint64_t sent_mark);
-  void on_checked(std::uint64_t sent_mark, std::error_code ec, redis::Reply r);
+  void on_checked(std::uint64_t sent_mark, std::chrono::steady_clock::time_point sent, bool stepping,
+                  std::error_code ec, redis::Reply r);
   void on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardCheck> shards,
                           std::vector<std::pair<std::error_code, redis::Reply>> replies);
   // The check's answer, taken (both deployments): a new ticket, its epoch,
@@ -114,6 +144,10 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   const std::string& last_epoch_for(const redis::PrimaryShard& node) const;
   void settle(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in);
   std::string refusal(std::chrono::milliseconds left) const;  // quarantine_message for this server
+  void clock_stepped(std::chrono::microseconds step);
+  void arm_probe();
+  void probe();
+  void warn(const std::string& line) const;
 
   redis::Client& client_;
   const MonotonicClock& clock_;
@@ -132,6 +166,15 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   int retries_ = 0;
   std::vector<Admit> waiting_;
   std::vector<std::pair<std::weak_ptr<void>, Listener>> listeners_;
+  // The clock-step watch: its samples are from one connection generation
+  // (a reconnect may reach another server, with a clock of its own).
+  ClockWatch watch_;
+  std::uint64_t watch_mark_ = 0;
+  std::uint64_t clock_gen_ = 0, clock_steps_ = 0;
+  std::int64_t pending_step_ms_ = 0;  // found, not yet written to the record
+  const std::chrono::milliseconds clock_probe_;
+  std::chrono::steady_clock::time_point touched_{};
+  bool probing_ = false;
 };
 
 // The lock-state record of one cluster shard: "jobguard:epoch:{<n>}" for the

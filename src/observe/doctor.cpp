@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <ctime>
 #include <functional>
 #include <future>
 #include <memory>
@@ -423,6 +424,38 @@ CheckResult check_latency(redis::Client& c, const DoctorOptions& o) {
 }
 CheckResult check_clock(redis::Client& c, const DoctorOptions& o) { return clock_check(c, o); }
 
+namespace {
+std::string format_server_ms(std::int64_t ms) {
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  if (!gmtime_r(&secs, &tm)) return std::to_string(ms);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                     tm.tm_min, tm.tm_sec);
+}
+
+// The server clock steps lock clients found and wrote to the lock-state
+// record (docs/lock-safety.md, "Server clock steps"): each expired held
+// locks early and cost a quarantine. `steps` gets the count for the gauges.
+CheckResult clock_steps_check(redis::Client& c, std::int64_t& steps) {
+  if (c.options().cluster) return ok("clock_steps", "not read on a cluster (lock clients do not watch its clocks)");
+  const auto r = c.exec(redis::Command{"HMGET", detail::kLockStateKey, "clock_steps", "clock_step_last"});
+  if (!r.is_array() || r.elements.size() != 2) return fail("clock_steps", "unexpected HMGET reply", "see the error");
+  steps = r.elements[0].is_string() ? to_i64(r.elements[0].str) : 0;
+  if (steps == 0) return ok("clock_steps", "no step of the server's clock found by lock clients");
+  // "<ms> <server time ms>"
+  const std::string last = r.elements[1].is_string() ? r.elements[1].str : "";
+  const auto sp = last.find(' ');
+  const std::string size = sp == std::string::npos ? last : last.substr(0, sp);
+  const std::string when = sp == std::string::npos ? std::string("?") : format_server_ms(to_i64(last.substr(sp + 1)));
+  return warn("clock_steps",
+              fmt::format("lock clients found the server's clock stepped forward {} time(s), the last by {} ms at {} "
+                          "(server time)",
+                          steps, size, when),
+              "a forward step expires held locks early; each one quarantined the server for max_ttl. Keep the "
+              "server's clock slewed, not stepped (chrony makestep off after boot, ntpd -x)");
+}
+}  // namespace
+
 const char* to_string(CheckStatus s) noexcept {
   switch (s) {
     case CheckStatus::ok: return "OK";
@@ -471,6 +504,8 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
   guarded("acl", [&] { return check_acl(c, o); });
   guarded("latency", [&] { return check_latency(c, o); });
   guarded("clock", [&] { return check_clock(c, o); });
+  std::int64_t steps = 0;
+  guarded("clock_steps", [&] { return clock_steps_check(c, steps); });
   guarded("cluster", [&] { return check_cluster(c, info); });
   guarded("shared_workload", [&] { return check_shared(c, info, o); });
   return out;
@@ -507,6 +542,7 @@ RedisFacts watch_redis(redis::Client& c, const DoctorOptions& o) {
   f.persistent = guarded("persistence", [&] { return check_persistence(c, info); }).status == CheckStatus::ok;
   guarded("latency", [&] { return check_latency(c, o); });
   guarded("clock", [&] { return check_clock(c, o); });
+  guarded("clock_steps", [&] { return clock_steps_check(c, f.clock_steps); });
   guarded("cluster", [&] { return check_cluster(c, info); });
   f.evicted_keys = to_i64(get(info, "evicted_keys"));
   f.replicas_connected = to_i64(get(info, "connected_slaves"));

@@ -61,6 +61,10 @@ std::string redis_facts_to_prometheus(const RedisFacts& f, std::uint64_t lock_st
   family("jobguard_redis_quarantine_seconds",
          "Seconds until the lock Redis grants locks again after it lost lock state; 0 while it grants.", "gauge",
          f.lock_state_read, static_cast<double>(f.quarantine_left.count()) / 1000.0);
+  family("jobguard_redis_clock_steps_total",
+         "Forward steps of the lock Redis's clock that lock clients found (each expired held locks early and "
+         "quarantined the server), from its lock-state record.",
+         "counter", f.up, num(f.clock_steps));
   family("jobguard_redis_lock_state_losses_total",
          "Times this serve saw the lock-state record change epoch or vanish: the server lost lock state.", "counter",
          true, static_cast<double>(lock_state_losses));

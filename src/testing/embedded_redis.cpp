@@ -129,6 +129,15 @@ void EmbeddedRedis::spawn() {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Built before fork: the child of a threaded parent may not allocate.
+  std::vector<std::string> env_strings;
+  std::vector<char*> envp;
+  if (!opts_.env.empty()) {
+    for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+    env_strings.insert(env_strings.end(), opts_.env.begin(), opts_.env.end());
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+  }
 
   const pid_t parent = ::getpid();
   int fork_errno = 0;
@@ -140,7 +149,8 @@ void EmbeddedRedis::spawn() {
       if (::getppid() != parent) ::_exit(127);
       ::setpgid(0, 0);  // a Ctrl-C aimed at the CLI must not reach the server first
       ::close_range(3, ~0U, 0);
-      ::execvp(argv[0], argv.data());
+      if (envp.empty()) ::execvp(argv[0], argv.data());
+      else ::execvpe(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }
     if (p < 0) fork_errno = errno;

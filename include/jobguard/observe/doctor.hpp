@@ -97,6 +97,9 @@ struct RedisFacts {
   std::string lock_state_epoch;                // its epoch id
   std::chrono::milliseconds quarantine_left{0};  // by the server's clock; 0 when grants are not refused
   std::string quarantine_reason;
+  // Forward steps of the server's clock that lock clients found and wrote
+  // to the record (docs/lock-safety.md, "Server clock steps").
+  std::int64_t clock_steps = 0;
 };
 
 // Connects nowhere itself; never throws for a Redis failure (up = false, one
@@ -109,7 +112,7 @@ std::string redis_facts_to_prometheus(const RedisFacts& facts, std::uint64_t loc
 
 struct RedisWatcherOptions {
   // Time between two watches. Default 15 s: one INFO, one CONFIG GET, six
-  // PINGs, two TIMEs and one HMGET each (docs/alerts.md).
+  // PINGs, two TIMEs and two HMGETs each (docs/alerts.md).
   std::chrono::milliseconds refresh{15000};
   // How long text() waits for the first watch after start. Default 1 s.
   std::chrono::milliseconds first_read_wait{1000};

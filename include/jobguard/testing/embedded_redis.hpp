@@ -37,6 +37,9 @@ struct EmbeddedRedisOptions {
   // needs a config file it can rewrite: `sentinel monitor ...` here and
   // "--sentinel" in extra_args.
   std::string config_text{};
+  // Added to the server's environment ("NAME=value"), e.g. an LD_PRELOAD
+  // shim a fault test moves the server's clock with. Also on restart().
+  std::vector<std::string> env{};
 };
 
 class EmbeddedRedis {

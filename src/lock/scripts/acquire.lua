@@ -6,8 +6,11 @@
 --       8 on a server that evicts keys: the evicted_keys count its lock-state
 --         record was checked at ('' elsewhere),
 --       9 default mode: the waiter's id in KEYS[5] ('' = not a waiter),
---       10 its arrival (µs, server clock) from an earlier busy reply ('' = now)
--- Returns {1, fence or -1} when granted, {0, pttl of the holder} when busy
+--       10 its arrival (µs, server clock) from an earlier busy reply ('' = now),
+--       11 '1': a grant also returns the server's clock (the client's
+--          clock-step watch refuses a grant whose time shows a step)
+-- Returns {1, fence or -1} when granted ({1, fence or -1, server time µs} with
+-- ARGV[11]), {0, pttl of the holder} when busy
 -- ({0, pttl, arrival} for a default-mode waiter), {-1, evicted_keys} when
 -- keys were evicted since that check.
 if ARGV[8] and ARGV[8] ~= '' then
@@ -85,6 +88,10 @@ if free then
     local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
     fence = math.max(cur + 1, floor)
     redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  if ARGV[11] == '1' then
+    local tt = t or redis.call('TIME')
+    return {1, fence, tonumber(tt[1]) * 1000000 + tonumber(tt[2])}
   end
   return {1, fence}
 end

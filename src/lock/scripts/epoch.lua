@@ -4,10 +4,12 @@
 -- earlier incarnation could have granted has expired (docs/lock-safety.md,
 -- "Quarantine after lost lock state"). Every client of the server sees it.
 -- KEYS: 1 the record. ARGV: 1 max TTL ms, 2 'check' | 'trust' (a server the
--- caller has just started empty: record it as intact).
+-- caller has just started empty: record it as intact) | 'step' (a client saw
+-- the server's clock step forward by ARGV[3] ms: keys may have expired early).
 -- Returns {epoch id, quarantine ms left, evicted_keys, evicting 0|1, reason, role,
---          redis_version, aof_enabled 0|1} (the last two pick WAIT or WAITAOF
---          for replica-confirmed grants).
+--          redis_version, aof_enabled 0|1, server time µs} (version and aof
+--          pick WAIT or WAITAOF for replica-confirmed grants; the time is a
+--          sample for the client's clock-step watch).
 local function field(text, name) return string.match(text, name .. ':([^\r\n]*)') end
 local server = redis.call('INFO', 'server')
 local run_id = field(server, 'run_id') or '?'
@@ -19,9 +21,11 @@ local evicted = tonumber(field(redis.call('INFO', 'stats'), 'evicted_keys')) or 
 local mem = redis.call('INFO', 'memory')
 local policy = field(mem, 'maxmemory_policy') or 'noeviction'
 local evicting = (tonumber(field(mem, 'maxmemory')) or 0) > 0 and policy ~= 'noeviction'
-if role ~= 'master' then return {'', 0, evicted, evicting and 1 or 0, 'the server is a replica', role, version, aof} end
-
 local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if role ~= 'master' then
+  return {'', 0, evicted, evicting and 1 or 0, 'the server is a replica', role, version, aof, now_us}
+end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max_ttl = tonumber(ARGV[1])
 local rec = redis.call('HMGET', KEYS[1], 'run_id', 'evicted', 'until', 'id', 'reason')
@@ -33,7 +37,7 @@ if ARGV[2] == 'trust' then
                'id', run_id:sub(1, 8) .. '.' .. t[1] .. '.' .. t[2], 'reason', 'trusted as new')
   end
   rec = redis.call('HMGET', KEYS[1], 'run_id', 'evicted', 'until', 'id', 'reason')
-  return {rec[4], 0, evicted, evicting and 1 or 0, '', role, version, aof}
+  return {rec[4], 0, evicted, evicting and 1 or 0, '', role, version, aof, now_us}
 end
 if not rec[1] then
   reason = 'no lock-state record: restarted without persistence, flushed, record evicted, or new to jobguard'
@@ -44,6 +48,19 @@ elseif tonumber(rec[2]) ~= evicted then
   reason = 'keys evicted (evicted_keys ' .. tostring(rec[2]) .. ' -> ' .. evicted .. ', maxmemory-policy ' .. policy .. ')'
 end
 local id = rec[4]
+if reason == '' and ARGV[2] == 'step' then
+  local stepped = 'the server clock stepped forward by ' .. ARGV[3] .. ' ms: lock keys may have expired early'
+  if until_ms > now and string.sub(rec[5] or '', 1, 26) == 'the server clock stepped f' then
+    -- Another client found the same step first: its quarantine stands (a
+    -- further step during it only moves the deadline), counted once.
+    until_ms = math.max(until_ms, now + max_ttl)
+    redis.call('HSET', KEYS[1], 'until', string.format('%d', until_ms))
+    return {id, until_ms - now, evicted, evicting and 1 or 0, rec[5], role, version, aof, now_us}
+  end
+  reason = stepped
+  redis.call('HINCRBY', KEYS[1], 'clock_steps', 1)
+  redis.call('HSET', KEYS[1], 'clock_step_last', ARGV[3] .. ' ' .. string.format('%d', now))
+end
 if reason ~= '' then
   -- A new epoch: leases granted under the old one are lost, and nobody is
   -- granted anything until the longest lease that could still be alive is over.
@@ -54,4 +71,4 @@ if reason ~= '' then
 elseif until_ms > now then
   reason = rec[5] or 'lock state lost'
 end
-return {id, math.max(0, until_ms - now), evicted, evicting and 1 or 0, reason, role, version, aof}
+return {id, math.max(0, until_ms - now), evicted, evicting and 1 or 0, reason, role, version, aof, now_us}

@@ -14,6 +14,7 @@
 // 0 jobs done twice, 0 stale writes accepted, 0 jobs lost; the jobs completed
 // against the same run without faults, and the time grants were refused.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -193,8 +194,23 @@ struct Outcome {
 // kRunFor, and on until `faults_wanted` faults are in (at most kMoreFor more).
 class JobRun {
  public:
-  JobRun(std::string url, std::string dir) : url_(std::move(url)), dir_(std::move(dir)) {
+  JobRun(std::string url, std::string dir, std::string effect_seconds = kEffectSeconds, std::string ttl = kTtl,
+         std::string max_ttl = kMaxTtl)
+      : url_(std::move(url)),
+        dir_(std::move(dir)),
+        effect_seconds_(std::move(effect_seconds)),
+        ttl_(std::move(ttl)),
+        max_ttl_(std::move(max_ttl)) {
     std::filesystem::create_directories(dir_);
+  }
+  // The workers' stderr lines that name `what`.
+  std::vector<std::string> stderr_lines(const std::string& what) const {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<std::string> out;
+    std::istringstream in(stderr_);
+    for (std::string line; std::getline(in, line);)
+      if (line.find(what) != std::string::npos) out.push_back(line);
+    return out;
   }
 
   std::vector<LogLine> log() const {
@@ -308,12 +324,13 @@ class JobRun {
         std::lock_guard<std::mutex> g(mu_);
         attempted_.insert(j);
       }
-      auto r = run_jobguard({"--redis", url_ + "?max_ttl=" + kMaxTtl + "&timeout=500ms&connect_timeout=500ms", "run",
-                             "--key", fmt::format("job:{}", j), "--ttl", kTtl, "--grace", "1s", "--fence", "--", "sh",
-                             "-c", kJobScript, "job", std::to_string(j), dir_, kEffectSeconds},
+      auto r = run_jobguard({"--redis", url_ + "?max_ttl=" + max_ttl_ + "&timeout=500ms&connect_timeout=500ms", "run",
+                             "--key", fmt::format("job:{}", j), "--ttl", ttl_, "--grace", "1s", "--fence", "--", "sh",
+                             "-c", kJobScript, "job", std::to_string(j), dir_, effect_seconds_},
                             30s);
       {
         std::lock_guard<std::mutex> g(mu_);
+        stderr_ += r.err;
         switch (r.status) {
           case 0: break;
           case 69: ++exit69_; break;
@@ -329,10 +346,11 @@ class JobRun {
     }
   }
 
-  std::string url_, dir_;
+  std::string url_, dir_, effect_seconds_, ttl_, max_ttl_;
   std::atomic<int> current_{0};
   std::atomic<bool> finished_{false};
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  std::string stderr_;
   std::atomic<int> faults_{0};
   int faults_wanted_ = 0;
   std::set<int> attempted_;  // every job a worker ran jobguard for: each must end done once
@@ -484,6 +502,143 @@ TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenRedisLosesLockState) {
     std::cout << fmt::format("[fault] floods that evicted the holder's lock key: {} of {}\n", evicted_holders, floods);
     check("evicting server (volatile-lru)", o, floods, &base);
   }
+}
+
+// The server's wall clock stepped forward by more than the TTL while a holder
+// works and contenders ask every ~40 ms: redis-server runs under an
+// LD_PRELOAD shim (clock_shim.cpp) whose offset the test moves. Redis then
+// expires the holder's key at once and a contender is granted; the holder's
+// clock probe must find the step, write the quarantine to the lock-state
+// record and stop its CMD before the CMD writes. The step lands 0.4 s into a
+// 0.9 s job whose lease (3 s TTL) renews every second: the renewal that
+// would find the key gone comes after the write.
+void write_offset(const std::string& path, std::int64_t us) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::pwrite(fd, &us, sizeof us, 0), static_cast<ssize_t>(sizeof us));
+  ::close(fd);
+}
+
+std::int64_t server_time_us(const EmbeddedRedis& r) {
+  redis::ConnectionOptions co;
+  co.host = r.host();
+  co.port = r.port();
+  redis::Client c(co);
+  const auto t = c.exec(redis::Command{"TIME"});
+  return std::stoll(t.elements.at(0).str) * 1000000 + std::stoll(t.elements.at(1).str);
+}
+
+TEST_F(QuarantineFault, ServerClockStepsForwardAreFoundAndNoJobIsDoneTwice) {
+  const std::string offset_file = dir_ + "/clock.offset";
+  write_offset(offset_file, 0);
+  EmbeddedRedis r(EmbeddedRedisOptions{
+      .env = {std::string("LD_PRELOAD=") + JOBGUARD_CLOCK_SHIM, "JOBGUARD_CLOCK_OFFSET_FILE=" + offset_file}});
+  r.start();
+  // The shim is in: the server's clock follows the file.
+  const auto before = server_time_us(r);
+  write_offset(offset_file, 3600LL * 1000000);
+  const auto after = server_time_us(r);
+  ASSERT_GT(after - before, 3599LL * 1000000) << "the clock shim did not move the server's clock";
+  std::int64_t offset = 3600LL * 1000000;
+
+  // Larger than the TTL (3 s) and the quarantine (4 s): every key is gone.
+  constexpr std::int64_t kStep = 5000000;
+  constexpr int kSteps = 3;
+  struct Found {
+    double latency_ms = -1;         // from the step to the record counting it
+    std::int64_t at_ms = 0, until_ms = 0;  // the quarantine written, server clock
+  };
+  std::vector<Found> found;
+  const auto steps_counted = [&] {
+    const auto v = redis_command_at(r.host(), r.port(), "HGET jobguard:epoch clock_steps");
+    return v == "(nil)" ? 0 : std::stoi(v);
+  };
+  JobRun run(r.url(), dir_ + "/clock", "0.9", "3s", "4s");
+  int steps = 0, last_job = -1;
+  const auto o = run.run([&](int job) {
+    if (steps >= kSteps || job == last_job) return false;
+    const int counted = steps_counted();
+    offset += kStep;
+    write_offset(offset_file, offset);
+    const auto at = Clock::now();
+    Found f;
+    while (Clock::now() - at < 5s) {
+      if (steps_counted() > counted) {
+        f.latency_ms = std::chrono::duration<double, std::milli>(Clock::now() - at).count();
+        const auto last = redis_command_at(r.host(), r.port(), "HGET jobguard:epoch clock_step_last");
+        f.at_ms = std::stoll(last.substr(last.find(' ') + 1));
+        f.until_ms = std::stoll(redis_command_at(r.host(), r.port(), "HGET jobguard:epoch until"));
+        break;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    found.push_back(f);
+    last_job = job;
+    ++steps;
+    return true;
+  }, kSteps);
+  ASSERT_GE(steps, 2);
+
+  std::string latencies;
+  int detected = 0;
+  for (const auto& f : found) {
+    latencies += f.latency_ms < 0 ? " missed" : fmt::format(" {:.0f}", f.latency_ms);
+    if (f.latency_ms >= 0) ++detected;
+  }
+  const auto logged = run.stderr_lines("stepped forward by at least");
+  std::cout << fmt::format("[fault] clock steps of +{} s: {}; found {} of {}, ms from the step to the record:{}; "
+                           "warning lines {}\n",
+                           kStep / 1000000, steps, detected, steps, latencies, logged.size());
+  EXPECT_EQ(detected, steps) << "a step was not found";
+  EXPECT_GE(static_cast<int>(logged.size()), detected) << "a found step was not logged";
+  // No grant while a step's quarantine lasts: a grant's fence is at least the
+  // server's clock in µs, and a fence issued in between would land inside it.
+  for (const auto& l : run.log()) {
+    if (l.kind != "start") continue;
+    for (const auto& f : found)
+      EXPECT_FALSE(f.latency_ms >= 0 && l.fence / 1000 >= f.at_ms && l.fence / 1000 < f.until_ms)
+          << "job " << l.job << " granted (fence " << l.fence << ") inside the quarantine " << f.at_ms << ".."
+          << f.until_ms;
+  }
+  check("server clock stepped forward", o, steps, nullptr);
+}
+
+// A server that starts evicting mid-run: it did not evict when the workers'
+// services checked it; with a holder mid-effect, an operator sets an evicting
+// policy and a maxmemory below what the server holds (memory pressure, in
+// keys without a TTL), so every key with a TTL, the holder's lock among
+// them, is evicted at once; the limit is lifted right after (writes would
+// fail while it stays below what the server holds).
+TEST_F(QuarantineFault, NoJobIsDoneTwiceWhenTheServerStartsEvictingMidRun) {
+  EmbeddedRedis r;
+  r.start();
+  const std::string blob(64 * 1024, 'f');
+  const auto fill = [&](int episode) {
+    redis::ConnectionOptions co;
+    co.host = r.host();
+    co.port = r.port();
+    redis::Client c(co);
+    for (int i = 0; i < 100; ++i) c.exec(redis::Command{"SET", fmt::format("cache:{}:{}", episode, i), blob});
+  };
+  fill(0);
+  JobRun run(r.url(), dir_ + "/evict-mid-run");
+  int episodes = 0, last_job = -1, evicted_holders = 0;
+  const auto o = run.run([&](int job) {
+    if (episodes >= 3 || job == last_job) return false;
+    redis_command_at(r.host(), r.port(), "CONFIG SET maxmemory-policy volatile-lru");
+    redis_command_at(r.host(), r.port(), "CONFIG SET maxmemory 2mb");
+    redis_command_at(r.host(), r.port(), "PING");
+    redis_command_at(r.host(), r.port(), "CONFIG SET maxmemory 0");
+    if (redis_command_at(r.host(), r.port(), fmt::format("EXISTS jobguard:lock:{{job:{}}}", job)) == "0") ++evicted_holders;
+    last_job = job;
+    ++episodes;
+    return true;
+  }, 3);
+  EXPECT_GE(episodes, 1);
+  std::cout << fmt::format("[fault] eviction episodes that evicted the holder's lock key: {} of {}\n", evicted_holders,
+                           episodes);
+  EXPECT_GE(evicted_holders, 1) << "no episode evicted a holder's key: the scenario did not happen";
+  check("server starts evicting mid-run (volatile-lru)", o, episodes, nullptr);
 }
 
 // Where the user meets the quarantine: `jobguard run` on a server that cannot

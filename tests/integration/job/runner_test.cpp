@@ -638,6 +638,8 @@ TEST_F(RunnerTest, ClockAndRegistryComeFromTheLockServiceOrTheBackends) {
 }
 
 
+// (These tests count commands: their services read the server's clock only
+// in their checks and grants, without the clock probe's TIME.)
 // A moderate job whose record and key live in Redis beside its lock is one
 // call to claim (record checked, lock granted, key claimed) and one to
 // finish (key completed, record written, lock released): the client counts
@@ -648,7 +650,7 @@ TEST_F(RunnerTest, ClockAndRegistryComeFromTheLockServiceOrTheBackends) {
 // line is reversed by hand: Redis hands a message to a channel's subscribers
 // in the order they subscribed, so a herd would be won in arrival order.
 TEST_F(RunnerTest, OneCallFinishWakesTheLongestWaitingWaiterNotTheHerd) {
-  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
+  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h, .clock_probe = 0ms}});
   auto own = LeaseScheduler::create(svc);
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
@@ -682,7 +684,7 @@ TEST_F(RunnerTest, OneCallFinishWakesTheLongestWaitingWaiterNotTheHerd) {
     clients.push_back(std::make_unique<redis::Client>(options()));
     ASSERT_TRUE(clients.back()->wait_connected(5s));
     services.push_back(
-        LockService::create(*clients.back(), LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}}));
+        LockService::create(*clients.back(), LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h, .clock_probe = 0ms}}));
     waiters.emplace_back([&, i] {
       auto l = services[i]->acquire(resource, slow);
       std::lock_guard g(mu);
@@ -729,7 +731,7 @@ TEST_F(RunnerTest, OneCallFinishWakesTheLongestWaitingWaiterNotTheHerd) {
 
 TEST_F(RunnerTest, ModerateRunIsOneRoundTripToClaimAndOneToFinish) {
   // No state-gate recheck during the test: its check would be a command too.
-  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
+  auto svc = LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h, .clock_probe = 0ms}});
   auto own = LeaseScheduler::create(svc);
   guard::RedisCompletionStore done(*client);
   guard::RedisIdempotencyStore idem(*client);
@@ -864,7 +866,7 @@ TEST_F(RunnerTest, OnAServerThatEvictsTheClaimIsTheScriptThatChecksEvictions) {
     return script_runs() - before;
   };
   auto service = [&] {
-    return LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h}});
+    return LockService::create(*client, LockServiceOptions{.keys = KeyBuilder(prefix()), .quarantine = {.recheck = 1h, .clock_probe = 0ms}});
   };
   EXPECT_EQ(scripts_for_one_run(service(), "keep-"), 1) << "the finish; the claim is plain";
   // Evicting, with room to spare: what matters is that it may evict.

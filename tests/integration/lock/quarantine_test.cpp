@@ -203,4 +203,40 @@ TEST(QuarantineEviction, AnEvictingServerIsQuarantinedAfterAnEviction) {
   }
 }
 
+// A server that did not evict at the gate's check and starts to between two
+// checks (an operator's CONFIG SET maxmemory under memory pressure): the
+// holder's key is evicted, and a script grant (fenced here) compares the
+// eviction count of the check, so it is refused and the check that follows
+// quarantines the server, instead of a grant beside the holder.
+TEST(QuarantineEviction, AServerThatStartsEvictingBetweenChecksRefusesTheScriptGrant) {
+  EmbeddedRedis server;
+  server.start();
+  redis::ConnectionOptions o;
+  o.host = server.host();
+  o.port = server.port();
+  redis::Client c(o);
+  ASSERT_TRUE(c.wait_connected(5s));
+  trust_new_server(c);
+  auto svc = LockService::create(c, KeyBuilder(), QuarantineOptions{.max_ttl = 700ms, .recheck = 60s});
+  auto held = svc->acquire("ev:held", LockOptions{.ttl = 600ms, .fence = true});
+  ASSERT_TRUE(held);
+  // Memory pressure first (keys without a TTL), then the policy: the keys
+  // with a TTL, the holder's lock, are evicted, and the limit lifted again
+  // (writes would fail while it stays below what the server holds).
+  const std::string blob(64 * 1024, 'x');
+  for (int i = 0; i < 100; ++i) c.exec(redis::Command{"SET", "filler:" + std::to_string(i), blob});
+  c.exec(redis::Command{"CONFIG", "SET", "maxmemory-policy", "volatile-lru"});
+  c.exec(redis::Command{"CONFIG", "SET", "maxmemory", "2mb"});
+  c.exec(redis::Command{"PING"});
+  c.exec(redis::Command{"CONFIG", "SET", "maxmemory", "0"});
+  ASSERT_EQ(c.exec(redis::Command{"EXISTS", "jobguard:lock:{ev:held}"}).integer, 0) << "the holder's key was not evicted";
+  try {
+    svc->acquire("ev:held", LockOptions{.ttl = 300ms, .fence = true});
+    FAIL() << "granted beside a holder whose key was evicted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("keys evicted"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

@@ -64,7 +64,7 @@ TEST(Doctor, AHealthyServerPassesEveryConfigurationCheck) {
   auto s = start({"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, true);
   const auto rs = doctor(*s, options_for(*s));
   for (const char* name : {"connection", "role", "replicas", "eviction", "evicted_keys", "persistence", "lua", "acl",
-                           "clock", "cluster", "shared_workload", "replica_confirmation"})
+                           "clock", "clock_steps", "cluster", "shared_workload", "replica_confirmation"})
     EXPECT_EQ(find(rs, name).status, CheckStatus::ok) << name << "\n" << dump(rs);
   EXPECT_THROW(find(rs, "sentinel"), std::runtime_error) << "no sentinel check without Sentinel";
   // Latency depends on this shared machine's load; it must at least be measured.
@@ -283,6 +283,25 @@ TEST(Doctor, AClockOffsetWarnsThenFails) {
   EXPECT_EQ(w.status, CheckStatus::warn) << w.detail;
   EXPECT_NE(w.detail.find("behind"), std::string::npos) << w.detail;  // the server is behind our (skewed) clock
   EXPECT_EQ(check_clock(c, skewed(-60s)).status, CheckStatus::fail);
+}
+
+// Lock clients write each forward step of the server's clock they find to
+// the lock-state record (docs/lock-safety.md, "Server clock steps"): doctor
+// warns with the count and the last step, and the watch exports the count.
+TEST(Doctor, ServerClockStepsFoundByLockClientsWarnAndAreCounted) {
+  auto s = start({});
+  ASSERT_EQ(test::redis_command_at(s->host(), s->port(),
+                                   "HSET jobguard:epoch clock_steps 2 clock_step_last \"3001 1700000000000\""),
+            "2");
+  redis::Client c(options_for(*s));
+  c.wait_connected(2s);
+  const auto rs = check_redis(c);
+  EXPECT_EQ(find(rs, "clock_steps").status, CheckStatus::warn) << dump(rs);
+  EXPECT_NE(find(rs, "clock_steps").detail.find("stepped forward 2 time(s), the last by 3001 ms at 2023-11-14T22:13:20Z"),
+            std::string::npos)
+      << dump(rs);
+  const auto text = redis_facts_to_prometheus(watch_redis(c), 0);
+  EXPECT_NE(text.find("\njobguard_redis_clock_steps_total 2\n"), std::string::npos) << text;
 }
 
 TEST(Doctor, ClusterModeWithoutClusterYesFails) {
