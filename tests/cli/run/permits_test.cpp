@@ -108,6 +108,25 @@ TEST_F(RunPermits, ARunWhosePermitIsTakenAwayIsStoppedWithExit70) {
   EXPECT_EQ(rc.status, 70) << rc.err;
 }
 
+TEST_F(RunPermits, LocksShowListsThePermitHolders) {
+  const auto go = file("go");
+  Subprocess a(args({"--permits", "2", "--job-id", "holder-a"}, holder(file("a"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")); }, 10s)) << a.err();
+  Subprocess show({jobguard_binary(), "--redis", url(), "locks", "show", resource()});
+  auto rc = show.wait_or_kill(30s);
+  EXPECT_EQ(rc.status, 0) << rc.err;
+  EXPECT_NE(rc.out.find("permits: 1 held in " + holders_key() + ", 0 waiting"), std::string::npos) << rc.out;
+  EXPECT_NE(rc.out.find("slot 0"), std::string::npos) << rc.out;
+  EXPECT_NE(rc.out.find("holder-a"), std::string::npos) << rc.out;
+  Subprocess js({jobguard_binary(), "--redis", url(), "--json", "locks", "show", resource()});
+  auto rj = js.wait_or_kill(30s);
+  EXPECT_EQ(rj.status, 0) << rj.err;
+  EXPECT_NE(rj.out.find("\"permits\":{"), std::string::npos) << rj.out;
+  EXPECT_NE(rj.out.find("\"slot\":0"), std::string::npos) << rj.out;
+  touch(go);
+  EXPECT_EQ(a.wait_or_kill(30s).status, 0);
+}
+
 TEST_F(RunPermits, BadPermitCountsAreUsageErrors) {
   for (const auto& [flags, want] :
        std::vector<std::pair<Args, std::string>>{{{"--permits", "0"}, "--permits 0: must be a whole number in 1..10000"},
