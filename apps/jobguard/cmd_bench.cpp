@@ -335,7 +335,8 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
       ->capture_default_str();
   sub->add_option("--permits", args->permits,
                   "Instead: W workers (coroutines, one connection) loop acquire -> release of one permit of ONE "
-                  "semaphore of N permits; report acquire+release/s, p50, p99");
+                  "semaphore of N permits; report acquire+release/s, p50, p99")
+      ->check(CLI::Range(1, LockOptions::kMaxPermits));
   sub->add_option("--leases", args->leases,
                   "Instead: N live leases (TTL 30 s) held for --seconds (default 60); renewals/s, CPU, lost");
   out.emplace_back(sub, [&g, args, workers, secs] {
