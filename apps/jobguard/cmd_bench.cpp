@@ -11,8 +11,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <future>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
+#include "jobguard/async.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
@@ -47,7 +50,75 @@ struct BenchArgs {
   int jobs = 0;                      // --jobs M: the job path instead
   std::vector<int> concurrency{1, 64};
   int leases = 0;                    // --leases N: the lease scheduler instead
+  int permits = 0;                   // --permits N: one semaphore's acquire+release instead
 };
+
+// --permits N: W coroutine workers on one connection loop acquire -> release
+// of one permit of ONE semaphore of N permits (wait 10 s, TTL 30 s). With
+// W <= N every acquire is granted at once; with W > N they wait in line.
+int run_permits(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
+  redis::Client client(opts);
+  auto svc = LockService::create(client);
+  const std::string resource = a.resource == "bench:contention" ? "bench:semaphore" : a.resource;
+  KeyBuilder::validate_resource(resource);
+  const auto stop_at = steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(a.seconds));
+  std::vector<std::vector<float>> lat(static_cast<std::size_t>(a.workers));
+  std::atomic<std::uint64_t> errors{0};
+  std::atomic<int> running{a.workers};
+  std::promise<void> all_done;
+  std::mutex err_mu;
+  std::string first_error;
+  for (int w = 0; w < a.workers; ++w) {
+    asio::co_spawn(
+        client.get_executor(),
+        [&, w]() -> asio::awaitable<void> {
+          LockOptions lo;
+          lo.permits = a.permits;
+          lo.ttl = seconds(30);
+          lo.wait = seconds(10);
+          lo.lock_class = "bench-permits";
+          auto& mine = lat[static_cast<std::size_t>(w)];
+          mine.reserve(1 << 16);
+          while (steady_clock::now() < stop_at) {
+            const auto t0 = steady_clock::now();
+            bool ok = false;
+            try {
+              auto permit = co_await async_acquire(*svc, resource, lo, asio::use_awaitable);
+              if (permit) ok = co_await async_release(*permit, asio::use_awaitable);
+            } catch (const std::exception& e) {
+              std::lock_guard lk(err_mu);
+              if (first_error.empty()) first_error = e.what();
+            }
+            if (!ok) ++errors;
+            else mine.push_back(std::chrono::duration<float, std::micro>(steady_clock::now() - t0).count());
+          }
+          if (--running == 0) all_done.set_value();
+        },
+        asio::detached);
+  }
+  all_done.get_future().wait();
+  std::vector<float> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  auto pct = [&](double p) {
+    return all.empty() ? 0.0 : static_cast<double>(all[std::min(all.size() - 1, static_cast<std::size_t>(p / 100 * static_cast<double>(all.size())))]);
+  };
+  nlohmann::json j{{"redis", redis::to_display_url(opts)},
+                   {"permits", {{"permits", a.permits}, {"workers", a.workers}, {"seconds", a.seconds},
+                                {"ops", all.size()}, {"ops_per_s", static_cast<double>(all.size()) / a.seconds},
+                                {"p50_us", pct(50)}, {"p99_us", pct(99)}, {"errors", errors.load()}}}};
+  if (!first_error.empty()) std::cerr << "jobguard bench: first error: " << first_error << "\n";
+  if (g.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    const auto& p = j["permits"];
+    std::cout << fmt::format("jobguard bench --permits {}: {} workers, {:.1f} s, {}: {:.0f} acquire+release/s   p50 {:.0f} us"
+                             "   p99 {:.0f} us   errors {}\n",
+                             a.permits, a.workers, a.seconds, redis::to_display_url(opts), p["ops_per_s"].get<double>(),
+                             p["p50_us"].get<double>(), p["p99_us"].get<double>(), errors.load());
+  }
+  return exit_code::ok;
+}
 
 int run_contention(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
   bench::ContentionConfig cfg;
@@ -116,16 +187,20 @@ void refuse_quarantined(const redis::ConnectionOptions& opts) {
 
 int run_bench(const Globals& g, const BenchArgs& a) {
   if (a.workers < 1 || a.workers > 100000) throw Error(errc::invalid_argument, "--workers must be 1..100000");
-  if ((a.jobs > 0) + (a.leases > 0) + a.contention > 1)
-    throw Error(errc::invalid_argument, "--jobs, --leases and --contention are separate benchmarks: pick one");
+  if ((a.jobs > 0) + (a.leases > 0) + a.contention + (a.permits != 0) > 1)
+    throw Error(errc::invalid_argument, "--jobs, --leases, --permits and --contention are separate benchmarks: pick one");
+  if (a.permits < 0 || a.permits > LockOptions::kMaxPermits)
+    throw Error(errc::invalid_argument, fmt::format("--permits {}: must be 1..{}", a.permits, LockOptions::kMaxPermits));
+  if (a.permits > 0 && (a.only.size() || a.mode != "coro" || a.connections != 1 || a.fair || a.hold != "1ms"))
+    throw Error(errc::invalid_argument, "--permits takes none of --only, --mode, --connections, --fair, --hold");
   if (a.jobs < 0 || a.jobs > 10000000) throw Error(errc::invalid_argument, "--jobs must be 1..10000000");
   if (a.leases < 0 || a.leases > 10000000) throw Error(errc::invalid_argument, "--leases must be 1..10000000");
   for (int c : a.concurrency)
     if (c < 1 || c > 4096) throw Error(errc::invalid_argument, fmt::format("--concurrency {}: must be 1..4096", c));
   if (a.contention && (a.only.size() || a.mode != "coro" || a.connections != 1))
     throw Error(errc::invalid_argument, "--contention takes none of --only, --mode, --connections");
-  if (!a.contention && (a.fair || a.hold != "1ms" || a.resource != "bench:contention"))
-    throw Error(errc::invalid_argument, "--fair, --hold and --resource need --contention");
+  if (!a.contention && (a.fair || a.hold != "1ms" || (a.resource != "bench:contention" && a.permits == 0)))
+    throw Error(errc::invalid_argument, "--fair and --hold need --contention, --resource --contention or --permits");
   if (a.seconds <= 0 || a.seconds > 3600) throw Error(errc::invalid_argument, "--seconds must be in (0, 3600]");
   std::unique_ptr<EmbeddedRedis> server;
   redis::ConnectionOptions opts;
@@ -145,6 +220,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   opts.connections = a.connections;
   opts.command_timeout = seconds(5);
   if (a.contention) return run_contention(g, a, opts);
+  if (a.permits > 0) return run_permits(g, a, opts);
   if (a.jobs > 0 || a.leases > 0) return run_jobs_or_leases(g, a, opts);
 
   bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads", !a.no_fleet};
@@ -273,6 +349,10 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_option("--concurrency", args->concurrency, "--jobs: jobs in flight, one run per value")
       ->delimiter(',')
       ->capture_default_str();
+  sub->add_option("--permits", args->permits,
+                  "Instead: W workers (coroutines, one connection) loop acquire -> release of one permit of ONE "
+                  "semaphore of N permits; report acquire+release/s, p50, p99")
+      ->check(CLI::Range(1, LockOptions::kMaxPermits));
   sub->add_option("--leases", args->leases,
                   "Instead: N live leases (TTL 30 s) held for --seconds (default 60); renewals/s, CPU, lost");
   out.emplace_back(sub, [&g, args, workers, secs] {

@@ -5,7 +5,13 @@
 #include <memory>
 #include <optional>
 
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
+#include "jobguard/duration.hpp"
+#include "jobguard/semaphore.hpp"
 #include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/job/catalog.hpp"
@@ -18,7 +24,7 @@ namespace {
 constexpr const char* kLocksHelp = R"(Live locks: who holds what, for how much longer; force release.
 
   jobguard locks ls [--prefix P] [--class C --catalog FILE] [--limit N] [--scan-count 1000]
-  jobguard locks show KEY
+  jobguard locks show KEY       (with the permit holders of KEY's semaphore, if any)
   jobguard locks release KEY --reason TEXT [--holder OWNER]
   jobguard locks audit [--count 100]
 
@@ -93,7 +99,29 @@ int run_show(const Globals& g, const LocksArgs& a) {
   auto client = connect_locks(g);
   auto service = LockService::create(*client, keys);
   const auto i = service->inspect(resource);
-  std::cout << (g.json ? admin::info_json(i) + "\n" : admin::format_info(i));
+  // The resource's counting semaphore, when it has one (docs/semaphore.md).
+  const auto sem = inspect_semaphore(*service, resource);
+  const bool has_sem = !sem.holders.empty() || sem.stored_permits || sem.waiters > 0;
+  if (g.json) {
+    auto j = nlohmann::json::parse(admin::info_json(i));
+    if (has_sem) {
+      nlohmann::json holders = nlohmann::json::array();
+      for (const auto& h : sem.holders)
+        holders.push_back({{"slot", h.slot}, {"holder", h.holder}, {"ttl_left_ms", h.ttl_left.count()}});
+      j["permits"] = {{"key", sem.key}, {"holders", holders}, {"waiters", sem.waiters},
+                      {"stored_permits", sem.stored_permits ? nlohmann::json(*sem.stored_permits) : nlohmann::json()}};
+    }
+    std::cout << j.dump() << "\n";
+    return exit_code::ok;
+  }
+  std::cout << admin::format_info(i);
+  if (has_sem) {
+    std::cout << fmt::format("permits: {} held in {}{}, {} waiting\n", sem.holders.size(), sem.key,
+                             sem.stored_permits ? fmt::format(" (stored count {})", *sem.stored_permits) : std::string(),
+                             sem.waiters);
+    for (const auto& h : sem.holders)
+      std::cout << fmt::format("  slot {:<4} {}  ttl {} left\n", h.slot, h.holder, format_duration(h.ttl_left));
+  }
   return exit_code::ok;
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -35,8 +36,8 @@ namespace {
 constexpr const char* kRunHelp = R"(Run CMD while holding the Redis lock KEY: a distributed flock(1).
 
   jobguard run --key KEY [--ttl 30s] [--wait DUR] [--timeout DUR] [--grace 10s]
-               [--fence] [--fair] [--once RUN_ID] [--job-id ID] [--class NAME]
-               [--foreground] -- CMD [ARGS...]
+               [--fence] [--fair | --permits N] [--once RUN_ID] [--job-id ID]
+               [--class NAME] [--foreground] -- CMD [ARGS...]
 
 KEY names the business object ("invoice:48291"); the Redis key is
 jobguard:lock:{KEY}. The lease is renewed every ttl/3 while CMD runs. CMD runs
@@ -45,6 +46,17 @@ in its own process group with these variables added to its environment
   JOBGUARD_KEY    the Redis key that holds the lock (prefix included)
   JOBGUARD_TOKEN  the value stored in it (our owner token)
   JOBGUARD_FENCE  the fencing token of this grant (only with --fence)
+
+--permits N: take one of N permits of a counting semaphore on KEY instead of
+the lock (at most N runs hold KEY at once; docs/semaphore.md). Waiters are
+served in arrival order; a crashed holder's permit comes back when its TTL
+has passed. The holders are in jobguard:sem:{KEY}; a count stored with the
+library's set_permits overrides N. CMD also gets:
+  JOBGUARD_PERMITS      the permit count the grant was made under
+  JOBGUARD_PERMIT_SLOT  this permit's slot in 0..N-1 (no other live holder
+                        has it: fence writes per slot, as for a lock)
+JOBGUARD_KEY is then the holders' key and JOBGUARD_TOKEN this holder's token.
+--permits must be 1..10000 and does not go with --fair (exit 64).
 When the lease is lost, or at --timeout (counted from CMD's start), jobguard
 sends SIGTERM to CMD's process group and SIGKILL after --grace. HUP, INT, QUIT,
 USR1, USR2, ALRM, TERM (every catchable signal that would end jobguard) are
@@ -96,6 +108,7 @@ struct RunArgs {
   std::string grace = "10s";
   bool fence = false;
   bool fair = false;
+  std::string permits;  // empty: a lock
   std::string once;
   std::string job_id;
   std::string cls = "run";
@@ -139,6 +152,17 @@ class Runner {
     o.lock.wait = a_.wait.empty() ? milliseconds(0) : parse_duration_ms(a_.wait, "--wait");
     o.lock.fence = a_.fence;
     o.lock.fair = a_.fair;
+    if (!a_.permits.empty()) {
+      int n = 0;
+      const auto* end = a_.permits.data() + a_.permits.size();
+      auto [p, ec] = std::from_chars(a_.permits.data(), end, n);
+      if (ec != std::errc() || p != end || n < 1 || n > LockOptions::kMaxPermits)
+        throw Error(errc::invalid_argument,
+                    fmt::format("--permits {}: must be a whole number in 1..{}", a_.permits, LockOptions::kMaxPermits));
+      if (a_.fair)
+        throw Error(errc::invalid_argument, "--permits with --fair: semaphore permits are always served in order");
+      o.lock.permits = n;
+    }
     o.lock.job_id = a_.job_id;
     try {
       job::validate_class_name(a_.cls);
@@ -158,7 +182,7 @@ class Runner {
     o.run_id = a_.once;
     KeyBuilder keys;
     KeyBuilder::validate_resource(a_.key);  // names the key and the offending character
-    rep_.key = keys.lock_key(a_.key);
+    rep_.key = a_.permits.empty() ? keys.lock_key(a_.key) : keys.permit_holders_key(a_.key);
     rep_.job_id = a_.job_id;
     rep_.cls = a_.cls;
     auto conn = redis::parse_url(g_.redis_url);
@@ -230,6 +254,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
       ->capture_default_str();
   sub->add_flag("--fence", args->fence, "Issue a fencing token, exported as JOBGUARD_FENCE");
   sub->add_flag("--fair", args->fair, "FIFO handoff among waiters (every contender must use --fair)");
+  sub->add_option("--permits", args->permits, "Hold one of N permits of a counting semaphore on KEY (1..10000)");
   sub->add_option("--once", args->once, "Skip CMD if RUN_ID is recorded as done; record it when CMD exits 0");
   sub->add_option("--job-id", args->job_id, "Job id for the owner token and the logs");
   sub->add_option("--class", args->cls, "Lock class of this run's metrics and logs (a catalog class name)")

@@ -29,6 +29,7 @@
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/quorum.hpp"
+#include "jobguard/semaphore.hpp"
 
 // jobguard::guard (FenceCheck, the Redis stores) and jobguard::pg (the Pg* classes)
 #include "jobguard/guard/completion.hpp"

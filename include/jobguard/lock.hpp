@@ -63,6 +63,17 @@ class KeyBuilder {
   std::string queue_expiry_key(std::string_view resource) const;
   std::string waiters_key(std::string_view resource) const;
   std::string channel(std::string_view resource) const;
+  // A counting semaphore's keys (semaphore.hpp), in the same slot as the
+  // resource's fence counter, which its permits' fences share:
+  //   <prefix>:sem:{r}      holders (zset "<token> <slot>" by lease expiry)
+  //   <prefix>:semq:{r}     waiters by first arrival (zset) + :semqexp (liveness)
+  //   <prefix>:permits:{r}  the stored permit count, when one was set
+  //   <prefix>:semwake:{r}  the pub/sub channel a release wakes waiters on
+  std::string permit_holders_key(std::string_view resource) const;
+  std::string permit_line_key(std::string_view resource) const;
+  std::string permit_line_expiry_key(std::string_view resource) const;
+  std::string permit_count_key(std::string_view resource) const;
+  std::string permit_channel(std::string_view resource) const;
   // "invoice:48291" from "jobguard:lock:{invoice:48291}"; nullopt if not ours.
   std::optional<std::string> resource_of(std::string_view lock_key) const;
   const std::string& prefix() const noexcept { return prefix_; }
@@ -142,6 +153,13 @@ struct LockOptions {
   // `replicas_timeout` (default 500 ms).
   std::chrono::milliseconds replicas_timeout{0};
   Unconfirmed on_unconfirmed = Unconfirmed::fail_closed;
+  // 0: a mutex. N >= 1: one permit of a counting semaphore of N permits on
+  // the resource (<jobguard/semaphore.hpp>): at most N holders at once,
+  // waiters served first come, first served. A count stored for the resource
+  // (set_permits) overrides N. Not with `fair` (permits are always FIFO).
+  // At most kMaxPermits.
+  int permits = 0;
+  static constexpr int kMaxPermits = 10000;
 };
 
 // Data-loss quarantine: a server that lost lock state (restarted without
@@ -284,6 +302,14 @@ class Lock {
   const std::string& epoch() const noexcept { return epoch_; }
   // The replica confirmation its grant had and its renewals get.
   const ReplicaConfirmation& confirmation() const noexcept { return confirmation_; }
+  // A permit of a counting semaphore (LockOptions::permits): the permit
+  // count it was granted under (the stored one, if set), else 0.
+  int permits() const noexcept { return permits_; }
+  // A permit's slot in [0, permits()): no two live holders share one, so a
+  // downstream that fences each slot as it would a mutex (accept a fence
+  // only if not below the slot's last one) accepts at most permits() writers
+  // at a time (docs/semaphore.md). -1 for a mutex.
+  int permit_slot() const noexcept { return slot_; }
 
   // Per-class metrics this lock reports to (never null for a granted lock),
   // in its service's registry (LockServiceOptions::metrics).
@@ -333,6 +359,7 @@ class Lock {
   bool held_ = false;
   std::string epoch_;  // the server's lock-state epoch at the grant (quarantine.hpp)
   ReplicaConfirmation confirmation_;
+  int permits_ = 0, slot_ = -1;
 };
 
 // What a LockService is made of besides its Client. Every member has a default.
@@ -435,7 +462,12 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Internal, for src/lock: building a Lock value.
   Lock make_lock(std::string resource, std::string key, std::string token,
                  std::optional<std::int64_t> fence, const LockOptions& opts,
-                 std::chrono::steady_clock::time_point sent_at, std::string epoch = {});
+                 std::chrono::steady_clock::time_point sent_at, std::string epoch = {}, int permits = 0,
+                 int slot = -1);
+  // Internal, for src/lock: release / extend what a granted Lock holds, a
+  // mutex or a semaphore permit alike (Lock, Lease).
+  void async_release_held(const Lock& lock, ReleaseHandler done);
+  void async_extend_held(const Lock& lock, std::chrono::milliseconds ttl, ReleaseHandler done);
   // Internal, for src/lock: the lock-state gate (lock/quarantine.hpp).
   const std::shared_ptr<void>& gate() const noexcept { return gate_; }
   std::chrono::milliseconds max_ttl() const noexcept { return max_ttl_; }

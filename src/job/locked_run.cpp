@@ -8,6 +8,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/semaphore.hpp"
 
 namespace jobguard::job {
 
@@ -31,6 +32,21 @@ std::string describe_holder(redis::Client& client, const std::string& key) {
   }
 }
 
+// "has 3 holders of 3 permits (web-3/4121/job, ...)", best effort.
+std::string describe_permits(LockService& service, const std::string& resource) {
+  try {
+    const auto info = inspect_semaphore(service, resource);
+    std::string who;
+    for (std::size_t i = 0; i < info.holders.size() && i < 3; ++i) who += (i ? ", " : "") + info.holders[i].holder;
+    if (info.holders.size() > 3) who += ", ...";
+    return fmt::format("has {} holder{}{}{}", info.holders.size(), info.holders.size() == 1 ? "" : "s",
+                       info.stored_permits ? fmt::format(" (stored count {})", *info.stored_permits) : std::string(),
+                       who.empty() ? std::string() : " (" + who + ")");
+  } catch (const Error&) {
+    return "has every permit held";
+  }
+}
+
 class LockedRun {
  public:
   LockedRun(redis::Client& client, const KeyBuilder& keys, LockedRunOptions opts, const std::function<void(RunEvent)>& emit)
@@ -41,7 +57,8 @@ class LockedRun {
     if (o_.once && find_record(started)) return skipped();
 
     auto service = LockService::create(client_, keys_);
-    const std::string lock_key = keys_.lock_key(o_.resource);
+    const bool semaphore = o_.lock.permits > 0;
+    const std::string lock_key = semaphore ? keys_.permit_holders_key(o_.resource) : keys_.lock_key(o_.resource);
     const auto acquire_start = steady_clock::now();
     std::optional<Lock> lock;
     try {
@@ -54,9 +71,14 @@ class LockedRun {
     }
     if (!lock) {
       const auto waited = o_.lock.wait;
-      event("busy", "busy", ms_since(acquire_start), true,
-            fmt::format("lock busy: {} is held by {}{}", lock_key, describe_holder(client_, lock_key),
-                        waited.count() > 0 ? fmt::format(" (waited {})", format_duration(waited)) : std::string()));
+      const std::string waited_text =
+          waited.count() > 0 ? fmt::format(" (waited {})", format_duration(waited)) : std::string();
+      if (semaphore)
+        event("busy", "busy", ms_since(acquire_start), true,
+              fmt::format("no permit free: {} {}{}", lock_key, describe_permits(*service, o_.resource), waited_text));
+      else
+        event("busy", "busy", ms_since(acquire_start), true,
+              fmt::format("lock busy: {} is held by {}{}", lock_key, describe_holder(client_, lock_key), waited_text));
       return LockedRunResult{LockedRunResult::Status::busy, {}, false, false};
     }
     acquired_at_ = lock->acquired_at();
@@ -66,6 +88,10 @@ class LockedRun {
     o_.cmd.env.emplace_back("JOBGUARD_KEY", lock->key());
     o_.cmd.env.emplace_back("JOBGUARD_TOKEN", lock->token());
     if (o_.lock.fence && lock->fence()) o_.cmd.env.emplace_back("JOBGUARD_FENCE", std::to_string(*lock->fence()));
+    if (semaphore) {
+      o_.cmd.env.emplace_back("JOBGUARD_PERMITS", std::to_string(lock->permits()));
+      o_.cmd.env.emplace_back("JOBGUARD_PERMIT_SLOT", std::to_string(lock->permit_slot()));
+    }
 
     // The authoritative --once check happens under the lock: two runs that
     // both passed the check above cannot both get here and find no record.

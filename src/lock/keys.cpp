@@ -47,6 +47,11 @@ std::string KeyBuilder::queue_key(std::string_view r) const { return key("queue"
 std::string KeyBuilder::queue_expiry_key(std::string_view r) const { return key("qexp", r); }
 std::string KeyBuilder::waiters_key(std::string_view r) const { return key("waiters", r); }
 std::string KeyBuilder::channel(std::string_view r) const { return key("released", r); }
+std::string KeyBuilder::permit_holders_key(std::string_view r) const { return key("sem", r); }
+std::string KeyBuilder::permit_line_key(std::string_view r) const { return key("semq", r); }
+std::string KeyBuilder::permit_line_expiry_key(std::string_view r) const { return key("semqexp", r); }
+std::string KeyBuilder::permit_count_key(std::string_view r) const { return key("permits", r); }
+std::string KeyBuilder::permit_channel(std::string_view r) const { return key("semwake", r); }
 
 std::optional<std::string> KeyBuilder::resource_of(std::string_view k) const {
   const std::string head = prefix_ + ":lock:{";

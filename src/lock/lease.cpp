@@ -194,13 +194,10 @@ struct LeaseScheduler::Impl {
   void release_timed_out(const std::shared_ptr<Lease::State>& s) {
     auto self = owner.lock();
     if (!self) return;
-    self->service().async_release(
-        s->lock.resource(), s->lock.token(),
-        [m = &s->lock.metrics()](const Error& e, bool ours) {
-          if (e) m->redis_errors_total.inc();
-          else if (ours) m->releases_total.inc();
-        },
-        s->lock.fair());
+    self->service().async_release_held(s->lock, [m = &s->lock.metrics()](const Error& e, bool ours) {
+      if (e) m->redis_errors_total.inc();
+      else if (ours) m->releases_total.inc();
+    });
   }
 
   // Loop thread: the lease ended; wake every when_ended waiter.
@@ -323,13 +320,14 @@ struct LeaseScheduler::Impl {
   void send_renewal(const std::shared_ptr<Lease::State>& s) {
     auto self = owner.lock();
     if (!self) return;
-    self->service().async_extend(
-        s->lock.resource(), s->lock.token(), s->lock.ttl(),
-        [this, self, s](const Error& e, bool ours) { renewed(s, e, ours); }, s->lock.confirmation());
+    self->service().async_extend_held(s->lock, s->lock.ttl(),
+                                      [this, self, s](const Error& e, bool ours) { renewed(s, e, ours); });
   }
 
   bool batchable(const Lease::State& s) const {
-    return s.lock.confirmation().replicas == 0 && !s.sched->service().client().options().cluster;
+    // A permit renews by its own script (sem_extend.lua), one by one.
+    return s.lock.confirmation().replicas == 0 && s.lock.permits() == 0 &&
+           !s.sched->service().client().options().cluster;
   }
 
   void renewed(const std::shared_ptr<Lease::State>& s, const Error& e, bool ours) {

@@ -20,6 +20,7 @@
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/subscriber.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/semaphore_internal.hpp"
 #include "lock/waiter.hpp"
 
 namespace jobguard {
@@ -118,6 +119,23 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
     else
       client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel}, std::move(on_reply));
   }
+}
+
+// Gives a permit back (sem_release.lua), which wakes by name the waiters the
+// freed permits now belong to.
+void release_permit(redis::Client& client, const KeyBuilder& keys, const std::string& resource,
+                    const std::string& member, int permits, LockService::ReleaseHandler done) {
+  auto on_reply = [done = std::move(done), c = &client](std::error_code ec, redis::Reply r) {
+    if (!done) return;
+    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
+    done(Error(), r.is_integer() && r.integer == 1);
+  };
+  client.async_eval(detail::sem_release_script(),
+                    {keys.permit_holders_key(resource), keys.permit_line_key(resource),
+                     keys.permit_line_expiry_key(resource), keys.permit_count_key(resource)},
+                    {member, keys.permit_channel(resource), std::to_string(permits),
+                     client.options().cluster ? "1" : "0"},
+                    std::move(on_reply));
 }
 
 // A grant channel name no other service can share: from the OS source like a
@@ -437,6 +455,15 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     token_ = make_token(opts_.job_id);
     started_ = clock_.now();
     metrics_ = &svc_->class_metrics(opts_.lock_class);
+    if (opts_.permits > 0) {
+      // A semaphore permit: always its own script, and a waiter keeps a place
+      // in the permits' line under its first token (sem_acquire.lua).
+      key_ = k.permit_holders_key(resource_);
+      script_keys_ = {key_, k.fence_key(resource_), k.permit_line_key(resource_),
+                      k.permit_line_expiry_key(resource_), k.permit_count_key(resource_)};
+      if (opts_.wait.count() > 0) waiter_id_ = token_;
+      return run(m_.start(started_));
+    }
     if (opts_.fence || opts_.fair) use_script();
     if (!opts_.fair && opts_.wait.count() > 0) {
       // A default-mode wait goes through acquire.lua from the first attempt:
@@ -498,7 +525,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
           if (opts_.fair) impl_->granted_by_token.erase(token_);
           break;
         case Machine::Action::discard_grant:
-          svc_->async_release(resource_, token_, nullptr, opts_.fair);
+          release_grant();
           // A fresh token, so a late release of this one cannot delete the
           // next grant (with several connections their order is not kept). A
           // fair waiter keeps its token: it names its place in the queue.
@@ -526,12 +553,23 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     });
   }
 
+  // Hands back a grant this waiter will not use (unchecked, unconfirmed).
+  void release_grant() {
+    if (opts_.permits > 0) {
+      release_permit(svc_->client(), svc_->keys(), resource_, detail::permit_member(token_, slot_), opts_.permits,
+                     nullptr);
+      return;
+    }
+    svc_->async_release(resource_, token_, nullptr, opts_.fair);
+  }
+
   void subscribe() {
     // Only a waiter that waits sleeps: the jitter is drawn now, and a try-once
     // acquire, the common case, never pays for it. Likewise a plain waiter's
     // channel is built only now.
     m_.seed(seed());
     if (opts_.fair) impl_->granted_by_token[token_] = this;
+    else if (opts_.permits > 0) channel_ = svc_->keys().permit_channel(resource_);
     else channel_ = svc_->keys().channel(resource_);
     const auto heard = impl_->watch(channel_, this, sent_at_, opts_.fair);
     run(m_.subscribed(clock_.now(), heard));
@@ -613,7 +651,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                             key_, svc_->client().address(), why, opts_.lock_class));
       return true;
     }
-    svc_->async_release(resource_, token_, nullptr, opts_.fair);
+    release_grant();
     if (!opts_.fair) token_ = make_token(opts_.job_id);
     failed(make_error_code(errc::server_busy), fmt::format("grant not confirmed by replicas: {}; released", why));
     return false;
@@ -624,9 +662,50 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     run(m_.reply(clock_.now(), Machine::Reply::busy));
   }
 
+  void send_permit() {
+    const bool may_wait = opts_.wait.count() > 0;
+    std::vector<std::string> args = {token_,
+                                     std::to_string(opts_.ttl.count()),
+                                     opts_.fence ? "1" : "0",
+                                     std::to_string(opts_.permits),
+                                     may_wait ? "1" : "0",
+                                     std::to_string(waiter_lease().count()),
+                                     ticket_->evicted_for(key_),
+                                     waiter_id_};
+    svc_->client().async_eval_confirmed(
+        detail::sem_acquire_script(), script_keys_, std::move(args), confirm(),
+        [self = shared_from_this(), may_wait](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+          if (ec) return self->failed(ec, std::move(r.str));
+          if (!r.is_array() || r.elements.size() < 3 || !r.elements[0].is_integer())
+            return self->failed(make_error_code(errc::protocol_error),
+                                "unexpected reply to the semaphore acquire script: " + to_debug_string(r));
+          const auto& e = r.elements;
+          if (e[0].integer == -1) {
+            self->gate_->invalidate();
+            return self->run(self->m_.reply(self->clock_.now(), Machine::Reply::retry));
+          }
+          if (e[0].integer == 1 && e.size() >= 4) {
+            std::optional<std::int64_t> fence;
+            if (e[1].integer >= 0) fence = e[1].integer;
+            self->slot_ = static_cast<int>(e[2].integer);
+            self->granted_permits_ = static_cast<int>(e[3].integer);
+            return self->granted_reply(fence, c);
+          }
+          // In the line from now (the script put us there): a release wakes
+          // us by name when a permit is ours, so polling only refreshes the
+          // place and notices a lease that ended without a release.
+          if (may_wait) {
+            self->arrival_ = "in line";
+            self->m_.in_line();
+          }
+          self->busy();
+        });
+  }
+
   void send() {
     sent_at_ = clock_.now();
     m_.sent(sent_at_);
+    if (opts_.permits > 0) return send_permit();
     auto self = shared_from_this();
     const bool may_wait = opts_.wait.count() > 0;
     if (script_keys_.empty() && ticket_->evicted_for(key_).empty()) {
@@ -700,11 +779,12 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (timer_) timer_->cancel();
     const std::string ttl = std::to_string(opts_.ttl.count());
     const auto wanted = confirm();
+    const std::string member = opts_.permits > 0 ? detail::permit_member(token_, slot_) : token_;
     svc_->client().async_eval_views_confirmed(
-        script_extend(), {key_}, {token_, ttl}, wanted,
+        opts_.permits > 0 ? detail::sem_extend_script() : script_extend(), {key_}, {member, ttl}, wanted,
         [self = shared_from_this(), a, wanted](std::error_code ec, redis::Reply r, redis::Confirmation c) mutable {
           if (ec) {
-            self->svc_->async_release(self->resource_, self->token_, nullptr, self->opts_.fair);
+            self->release_grant();
             self->ec_ = ec;
             self->detail_ = std::move(r.str);
             return self->complete_failed();
@@ -716,7 +796,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
           }
           if (!c.met(wanted)) {
             if (self->confirmation_.on_unconfirmed == Unconfirmed::fail_closed) {
-              self->svc_->async_release(self->resource_, self->token_, nullptr, self->opts_.fair);
+              self->release_grant();
               self->ec_ = make_error_code(errc::server_busy);
               self->detail_ = fmt::format("grant not confirmed by replicas: {}; released", redis::describe(c, wanted));
               return self->complete_failed();
@@ -729,8 +809,15 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   }
 
   void leave_line() {
-    svc_->client().async_exec(redis::Command{"ZREM", script_keys_.back(), waiter_id_},
-                              [](std::error_code, redis::Reply) {});
+    if (opts_.permits > 0) {
+      // Both the place and its liveness entry, or a release wakes a waiter
+      // that is gone and the permit idles until the entry expires.
+      svc_->client().async_exec(redis::Command{"ZREM", script_keys_[2], waiter_id_}, [](std::error_code, redis::Reply) {});
+      svc_->client().async_exec(redis::Command{"ZREM", script_keys_[3], waiter_id_}, [](std::error_code, redis::Reply) {});
+    } else {
+      svc_->client().async_exec(redis::Command{"ZREM", script_keys_.back(), waiter_id_},
+                                [](std::error_code, redis::Reply) {});
+    }
     arrival_.clear();
   }
 
@@ -768,7 +855,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     // The waiter is finished: its strings move into the Lock, no copies.
     std::string epoch = ticket_ ? ticket_->epoch_for(key_) : std::string();
     auto lock = svc_->make_lock(std::move(resource_), std::move(key_), std::move(token_), a.fence(), opts_, a.at,
-                                std::move(epoch));
+                                std::move(epoch), granted_permits_, slot_);
     done(Error(), std::move(lock));
   }
 
@@ -793,6 +880,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   std::string detail_;
   ReplicaConfirmation confirmation_;
   bool confirmed_ = false;  // the grant delivered came with enough acknowledgements
+  int slot_ = -1, granted_permits_ = 0;  // a permit's grant (sem_acquire.lua)
 };
 
 }  // namespace
@@ -854,8 +942,10 @@ std::shared_ptr<LockService> LockService::create(redis::Client& client, LockServ
 Lock LockService::make_lock(std::string resource, std::string key, std::string token,
                             std::optional<std::int64_t> fence, const LockOptions& opts,
                             MonotonicClock::time_point sent_at,
-                            std::string epoch) {
+                            std::string epoch, int permits, int slot) {
   Lock l;
+  l.permits_ = permits;
+  l.slot_ = slot;
   l.service_ = shared_from_this();
   l.resource_ = std::move(resource);
   l.key_ = std::move(key);
@@ -875,6 +965,11 @@ Lock LockService::make_lock(std::string resource, std::string key, std::string t
 }
 
 void LockService::check_options(const LockOptions& opts) const {
+  if (opts.permits < 0 || opts.permits > LockOptions::kMaxPermits)
+    throw Error(errc::invalid_argument,
+                fmt::format("permit count {} is outside 0..{}", opts.permits, LockOptions::kMaxPermits));
+  if (opts.permits > 0 && opts.fair)
+    throw Error(errc::invalid_argument, "fair mode is for a mutex: semaphore permits are always served in order");
   if (opts.ttl < std::chrono::milliseconds(10))
     throw Error(errc::invalid_argument, fmt::format("lock ttl {} ms is below the 10 ms minimum", opts.ttl.count()));
   if (opts.wait.count() < 0) throw Error(errc::invalid_argument, "negative wait");
@@ -958,13 +1053,16 @@ ReplicaConfirmation LockService::confirmation_for(const LockOptions& opts) const
   return c;
 }
 
-void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
-                               ReleaseHandler done, ReplicaConfirmation confirmation) {
-  const std::string key = keys_.lock_key(resource);
+namespace {
+// Compare-and-pexpire by `script` (a lock's extend.lua, a permit's
+// sem_extend.lua), confirmed by replicas when asked.
+void extend_with(redis::Client& client_, const std::shared_ptr<void>& gate, const redis::Script& script,
+                 const std::string& key, const std::string& token, std::chrono::milliseconds ttl,
+                 LockService::ReleaseHandler done, ReplicaConfirmation confirmation) {
   const std::string ms = std::to_string(ttl.count());
-  const redis::Confirm wanted = to_confirm(confirmation, gate_);
+  const redis::Confirm wanted = to_confirm(confirmation, gate);
   client_.async_eval_views_confirmed(
-      script_extend(), {key}, {token, ms}, wanted,
+      script, {key}, {token, ms}, wanted,
       [done = std::move(done), c = &client_, wanted, policy = confirmation.on_unconfirmed, key](
           std::error_code ec, redis::Reply r, redis::Confirmation conf) {
         if (!done) return;
@@ -983,6 +1081,28 @@ void LockService::async_extend(const std::string& resource, const std::string& t
         done(Error(), ours);
       });
 }
+
+}  // namespace
+
+void LockService::async_extend(const std::string& resource, const std::string& token, std::chrono::milliseconds ttl,
+                               ReleaseHandler done, ReplicaConfirmation confirmation) {
+  extend_with(client_, gate_, script_extend(), keys_.lock_key(resource), token, ttl, std::move(done), confirmation);
+}
+
+void LockService::async_release_held(const Lock& l, ReleaseHandler done) {
+  if (l.permits() > 0)
+    return release_permit(client_, keys_, l.resource(), detail::permit_member(l.token(), l.permit_slot()),
+                          l.permits(), std::move(done));
+  async_release(l.resource(), l.token(), std::move(done), l.fair());
+}
+
+void LockService::async_extend_held(const Lock& l, std::chrono::milliseconds ttl, ReleaseHandler done) {
+  if (l.permits() > 0)
+    return extend_with(client_, gate_, detail::sem_extend_script(), l.key(),
+                       detail::permit_member(l.token(), l.permit_slot()), ttl, std::move(done), l.confirmation());
+  async_extend(l.resource(), l.token(), ttl, std::move(done), l.confirmation());
+}
+
 
 void LockService::async_extend_many(const std::vector<ExtendEntry>& entries, ExtendManyHandler done) {
   // Views wherever the caller has the string; what must be built (a key from
@@ -1042,13 +1162,15 @@ Lock::Lock(Lock&& o) noexcept
       acquired_at_(o.acquired_at_),
       held_(o.held_),
       epoch_(std::move(o.epoch_)),
-      confirmation_(o.confirmation_) {
+      confirmation_(o.confirmation_),
+      permits_(o.permits_),
+      slot_(o.slot_) {
   o.held_ = false;
 }
 
 Lock& Lock::operator=(Lock&& o) noexcept {
   if (this != &o) {
-    if (held_ && service_) service_->async_release(resource_, token_, nullptr, fair_);
+    if (held_ && service_) service_->async_release_held(*this, nullptr);
     service_ = std::move(o.service_);
     resource_ = std::move(o.resource_);
     key_ = std::move(o.key_);
@@ -1062,6 +1184,8 @@ Lock& Lock::operator=(Lock&& o) noexcept {
     held_ = o.held_;
     epoch_ = std::move(o.epoch_);
     confirmation_ = o.confirmation_;
+    permits_ = o.permits_;
+    slot_ = o.slot_;
     o.held_ = false;
   }
   return *this;
@@ -1072,13 +1196,10 @@ Lock::~Lock() {
   // it cannot reach Redis the TTL frees the lock.
   if (held_ && service_) {
     metrics_->hold_seconds.observe(service_->clock().now() - acquired_at_);
-    service_->async_release(
-        resource_, token_,
-        [m = metrics_](const Error& e, bool ours) {
-          if (e) m->redis_errors_total.inc();
-          else (ours ? m->releases_total : m->released_not_owner_total).inc();
-        },
-        fair_);
+    service_->async_release_held(*this, [m = metrics_](const Error& e, bool ours) {
+      if (e) m->redis_errors_total.inc();
+      else (ours ? m->releases_total : m->released_not_owner_total).inc();
+    });
   }
 }
 
@@ -1096,25 +1217,19 @@ void Lock::async_release(Handler done) {
   if (!held_) return answer_not_held(service_, std::move(done));
   held_ = false;
   metrics_->hold_seconds.observe(service_->clock().now() - acquired_at_);
-  service_->async_release(
-      resource_, token_,
-      [done = std::move(done), m = metrics_, key = key_](const Error& e, bool ours) {
-        if (e) m->redis_errors_total.inc();
-        else (ours ? m->releases_total : m->released_not_owner_total).inc();
-        if (done) done(e ? e.with_context(key) : e, ours);
-      },
-      fair_);
+  service_->async_release_held(*this, [done = std::move(done), m = metrics_, key = key_](const Error& e, bool ours) {
+    if (e) m->redis_errors_total.inc();
+    else (ours ? m->releases_total : m->released_not_owner_total).inc();
+    if (done) done(e ? e.with_context(key) : e, ours);
+  });
 }
 
 void Lock::async_extend(std::chrono::milliseconds ttl, Handler done) {
   if (!held_) return answer_not_held(service_, std::move(done));
   if (ttl.count() == 0) ttl = ttl_;
-  service_->async_extend(
-      resource_, token_, ttl,
-      [done = std::move(done), key = key_](const Error& e, bool ours) {
-        if (done) done(e ? e.with_context(key) : e, ours);
-      },
-      confirmation_);
+  service_->async_extend_held(*this, ttl, [done = std::move(done), key = key_](const Error& e, bool ours) {
+    if (done) done(e ? e.with_context(key) : e, ours);
+  });
 }
 
 namespace {

@@ -200,5 +200,28 @@ TEST_F(BenchCli, JobsLeasesAndContentionAreSeparateBenchmarks) {
   }
 }
 
+TEST_F(BenchCli, PermitsMeasuresOneSemaphoreAndRefusesBadCounts) {
+  auto r = run_jobguard({"--redis", url(), "--json", "bench", "--permits", "4", "--workers", "8", "--seconds", "0.5"},
+                        60s);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["permits"]["permits"].get<int>(), 4);
+  EXPECT_EQ(j["permits"]["workers"].get<int>(), 8);
+  EXPECT_GT(j["permits"]["ops"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(j["permits"]["errors"].get<std::uint64_t>(), 0u);
+  // Every permit was given back.
+  auto client = make_client();
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", "jobguard:sem:{bench:semaphore}"}).integer, 0);
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--permits", "0"},
+                                                std::vector<std::string>{"--permits", "2", "--contention"},
+                                                std::vector<std::string>{"--permits", "2", "--fair"}}) {
+    std::vector<std::string> args{"--redis", url(), "bench"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto bad = run_jobguard(args, 30s);
+    EXPECT_EQ(bad.status, 64) << bad.err;
+  }
+}
+
 }  // namespace
 }  // namespace jobguard::test

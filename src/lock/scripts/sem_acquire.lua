@@ -1,0 +1,81 @@
+-- Grant one permit of a counting semaphore, FIFO, with an optional fencing
+-- token, atomically. Every key carries the resource's hash tag (one slot).
+-- KEYS: 1 holders (zset: "<token> <slot>" scored by lease expiry, server ms),
+--       2 fence counter (the mutex's: the same high-water mark and floor),
+--       3 waiters' line (zset: waiter id scored by first arrival, server µs),
+--       4 the line's liveness (zset: waiter id scored by expiry, server ms),
+--       5 the stored permit count (string; absent = ARGV[4])
+-- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 permits asked for, 5 join the line
+--       if busy 0|1, 6 waiter lease ms, 7 on a server that evicts keys: the
+--       evicted_keys count its lock-state record was checked at ('' elsewhere),
+--       8 the waiter's id in the line ('' = try once)
+-- Returns {1, fence or -1, slot, permits} when granted, {0, ms until the
+-- soonest holder's lease ends (-1 none), permits} when busy, {-1, evicted}
+-- when keys were evicted since that check.
+if ARGV[7] ~= '' then
+  local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
+  if ev ~= tonumber(ARGV[7]) then return {-1, ev or -1} end
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local waiter = ARGV[8]
+
+-- A lease ends at its expiry by the server's clock and not a moment before:
+-- a crashed holder's permit comes back here, on the first attempt after it.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+-- A waiter that stopped refreshing its place (crashed, paused) must not hold
+-- up the line behind it.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms)
+for _, w in ipairs(dead) do
+  redis.call('ZREM', KEYS[3], w)
+  redis.call('ZREM', KEYS[4], w)
+end
+
+local n = tonumber(redis.call('GET', KEYS[5]) or ARGV[4]) or tonumber(ARGV[4])
+local live = redis.call('ZCARD', KEYS[1])
+local free = n - live
+-- FIFO: the permits free now go to the first `free` waiters in line; a
+-- newcomer (or a try-once acquire) comes after all of them.
+local ahead
+if waiter ~= '' then ahead = redis.call('ZRANK', KEYS[3], waiter) end
+if not ahead then ahead = redis.call('ZCARD', KEYS[3]) end
+
+if free > ahead then
+  -- The lowest slot no live holder has. Holders above a lowered count keep
+  -- theirs until they leave; fewer than n holders leave a slot below n free.
+  local used = {}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    local s = tonumber(string.match(m, ' (%d+)$'))
+    if s then used[s] = true end
+  end
+  local slot = 0
+  while used[slot] do slot = slot + 1 end
+  redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[1] .. ' ' .. slot)
+  if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+  if waiter ~= '' then
+    redis.call('ZREM', KEYS[3], waiter)
+    redis.call('ZREM', KEYS[4], waiter)
+  end
+  local fence = -1
+  if ARGV[3] == '1' then
+    -- acquire.lua's rule: never below the server's clock in microseconds.
+    local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+    fence = math.max(cur + 1, floor)
+    redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  return {1, fence, slot, n}
+end
+
+if waiter ~= '' and ARGV[5] == '1' then
+  local lease = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[3], 'NX', string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2])), waiter)
+  redis.call('ZADD', KEYS[4], now_ms + lease, waiter)
+  redis.call('PEXPIRE', KEYS[3], lease * 2)
+  redis.call('PEXPIRE', KEYS[4], lease * 2)
+end
+local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local left = -1
+if soonest[2] then left = tonumber(soonest[2]) - now_ms end
+return {0, left, n}

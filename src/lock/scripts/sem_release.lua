@@ -1,0 +1,28 @@
+-- Give a permit back: only its holder may (the member names its token), and
+-- a lease that already ended by the server's clock is not ours to give.
+-- KEYS: 1 holders, 2 waiters' line, 3 the line's liveness, 4 stored permit count
+-- ARGV: 1 member ("<token> <slot>"), 2 wake channel, 3 permits asked for,
+--       4 '1' on a Redis Cluster: SPUBLISH (the channel has the hash tag)
+-- Returns 1 when released, 0 when the permit was not ours (any more).
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not exp then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if tonumber(exp) <= now_ms then return 0 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[3]) or tonumber(ARGV[3])
+local free = n - redis.call('ZCARD', KEYS[1])
+if free <= 0 then return 1 end
+-- Wake by name the waiters the free permits now belong to (sem_acquire.lua's
+-- FIFO rule), not the herd: the others would only find themselves behind.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+for _, w in ipairs(dead) do
+  redis.call('ZREM', KEYS[2], w)
+  redis.call('ZREM', KEYS[3], w)
+end
+local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
+for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, free - 1)) do
+  redis.call(publish, ARGV[2], 'wake ' .. w)
+end
+return 1

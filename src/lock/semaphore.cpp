@@ -1,0 +1,127 @@
+#include "jobguard/semaphore.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "jobguard/error.hpp"
+#include "jobguard/redis/client.hpp"
+#include "lock/semaphore_internal.hpp"
+
+namespace jobguard {
+namespace lock_scripts {
+extern const std::string_view sem_acquire;
+extern const std::string_view sem_release;
+extern const std::string_view sem_extend;
+extern const std::string_view sem_inspect;
+}  // namespace lock_scripts
+
+namespace detail {
+const redis::Script& sem_acquire_script() {
+  static const redis::Script s{std::string(lock_scripts::sem_acquire)};
+  return s;
+}
+const redis::Script& sem_release_script() {
+  static const redis::Script s{std::string(lock_scripts::sem_release)};
+  return s;
+}
+const redis::Script& sem_extend_script() {
+  static const redis::Script s{std::string(lock_scripts::sem_extend)};
+  return s;
+}
+}  // namespace detail
+
+namespace {
+const redis::Script& inspect_script() {
+  static const redis::Script s{std::string(lock_scripts::sem_inspect)};
+  return s;
+}
+// Stores the count and wakes every waiter (a message that is not "wake <id>"):
+// a raised count may be theirs now.
+const redis::Script& set_script() {
+  static const redis::Script s{
+      "if ARGV[1] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[1]) end\n"
+      "redis.call(ARGV[3] == '1' and 'SPUBLISH' or 'PUBLISH', KEYS[2], ARGV[2])\n"
+      "return 1"};
+  return s;
+}
+
+void refuse_on_loop(LockService& svc, const char* what) {
+  if (svc.client().running_in_loop_thread())
+    throw Error(errc::invalid_argument,
+                fmt::format("{}: blocking call on the Redis client's event-loop thread would deadlock", what));
+}
+
+std::optional<std::int64_t> to_int(const redis::Reply& r) {
+  if (r.is_integer()) return r.integer;
+  if (!r.is_string()) return std::nullopt;
+  try {
+    std::size_t pos = 0;
+    const auto v = std::stoll(r.str, &pos);
+    if (pos != r.str.size()) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+void store(LockService& svc, std::string_view resource, const std::string& value) {
+  refuse_on_loop(svc, "set_permits");
+  const auto& k = svc.keys();
+  const std::string count_key = k.permit_count_key(resource);
+  try {
+    svc.client().eval(set_script(), {count_key, k.permit_channel(resource)},
+                      {value, "count " + (value.empty() ? std::string("cleared") : value),
+                       svc.client().options().cluster ? "1" : "0"});
+  } catch (const Error& e) {
+    throw e.with_context(count_key);
+  }
+}
+}  // namespace
+
+void set_permits(LockService& service, std::string_view resource, int permits) {
+  if (permits < 1 || permits > LockOptions::kMaxPermits)
+    throw Error(errc::invalid_argument, fmt::format("permit count {} for {} is outside 1..{}", permits,
+                                                    std::string(resource), LockOptions::kMaxPermits));
+  store(service, resource, std::to_string(permits));
+}
+
+void clear_permits(LockService& service, std::string_view resource) { store(service, resource, std::string()); }
+
+SemaphoreInfo inspect_semaphore(LockService& svc, std::string_view resource) {
+  refuse_on_loop(svc, "inspect_semaphore");
+  const auto& k = svc.keys();
+  SemaphoreInfo info;
+  info.resource = std::string(resource);
+  info.key = k.permit_holders_key(resource);
+  redis::Reply r;
+  try {
+    r = svc.client().eval(inspect_script(),
+                          {info.key, k.fence_key(resource), k.permit_line_key(resource),
+                           k.permit_line_expiry_key(resource), k.permit_count_key(resource)},
+                          {});
+  } catch (const Error& e) {
+    throw e.with_context("inspect of " + info.key);
+  }
+  if (!r.is_array() || r.elements.size() < 4 || r.elements.size() % 2 != 0)
+    throw Error(errc::protocol_error,
+                fmt::format("inspect of {}: unexpected reply {}", info.key, redis::to_debug_string(r)));
+  const auto& e = r.elements;
+  info.server_time_ms = to_int(e[0]).value_or(0);
+  if (auto n = to_int(e[1])) info.stored_permits = static_cast<int>(*n);
+  info.fence = to_int(e[2]);
+  info.waiters = to_int(e[3]).value_or(0);
+  for (std::size_t i = 4; i + 1 < e.size(); i += 2) {
+    const std::string& m = e[i].str;
+    const auto sp = m.rfind(' ');
+    PermitHolder h;
+    h.holder = token_owner(sp == std::string::npos ? m : m.substr(0, sp));
+    h.slot = sp == std::string::npos ? -1 : std::atoi(m.c_str() + sp + 1);
+    h.ttl_left = std::chrono::milliseconds(to_int(e[i + 1]).value_or(0) - info.server_time_ms);
+    info.holders.push_back(std::move(h));
+  }
+  std::sort(info.holders.begin(), info.holders.end(), [](const auto& a, const auto& b) { return a.slot < b.slot; });
+  return info;
+}
+
+}  // namespace jobguard

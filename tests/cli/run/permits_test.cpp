@@ -1,0 +1,145 @@
+// `jobguard run --permits N`: the real binary holding one of N permits of a
+// counting semaphore (docs/semaphore.md), against a private redis-server.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "support/cli_fixture.hpp"
+#include "support/subprocess.hpp"
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Args = std::vector<std::string>;
+
+class RunPermits : public CliTest {
+ protected:
+  std::string resource() const {
+    return fmt::format("t:{}", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  std::string holders_key() const { return "jobguard:sem:{" + resource() + "}"; }
+  Args args(const Args& flags, const Args& cmd) const {
+    Args a{jobguard_binary(), "--redis", url(), "run", "--key", resource()};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.push_back("--");
+    a.insert(a.end(), cmd.begin(), cmd.end());
+    return a;
+  }
+  // Writes what CMD was told to `out`, then waits for `go`.
+  Args holder(const std::string& out, const std::string& go) const {
+    return {"sh", "-c",
+            "printf '%s %s %s %s %s\\n' \"$JOBGUARD_KEY\" \"$JOBGUARD_TOKEN\" \"$JOBGUARD_PERMITS\" "
+            "\"$JOBGUARD_PERMIT_SLOT\" \"$JOBGUARD_FENCE\" > \"$0.tmp\"; mv \"$0.tmp\" \"$0\"; "
+            "while [ ! -e \"$1\" ]; do sleep 0.01; done",
+            out, go};
+  }
+  struct Told {
+    std::string key, token;
+    int permits = 0, slot = -1;
+    long long fence = 0;
+  };
+  Told told(const std::string& path) const {
+    std::istringstream in(read_file(path));
+    Told t;
+    in >> t.key >> t.token >> t.permits >> t.slot >> t.fence;
+    return t;
+  }
+  bool exists(const std::string& p) const { return std::filesystem::exists(p); }
+  void touch(const std::string& p) const { std::ofstream(p) << "go\n"; }
+};
+
+TEST_F(RunPermits, NRunsHoldAtOnceAndTheNextIsBusy) {
+  const auto go = file("go");
+  Subprocess a(args({"--permits", "2", "--fence"}, holder(file("a"), go)));
+  Subprocess b(args({"--permits", "2", "--fence"}, holder(file("b"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")) && exists(file("b")); }, 10s)) << a.err() << b.err();
+  const auto ta = told(file("a")), tb = told(file("b"));
+  EXPECT_EQ(ta.key, holders_key());
+  EXPECT_EQ(ta.permits, 2);
+  EXPECT_EQ((std::set<int>{ta.slot, tb.slot}), (std::set<int>{0, 1}));
+  EXPECT_GT(ta.fence, 0);
+  EXPECT_NE(ta.fence, tb.fence);
+  // The token CMD was told is the holder in Redis, with its slot.
+  auto client = make_client();
+  for (const auto& t : {ta, tb})
+    EXPECT_TRUE(client->exec(redis::Command{"ZSCORE", holders_key(), fmt::format("{} {}", t.token, t.slot)}).is_string())
+        << t.token;
+  EXPECT_EQ(admin("ZCARD " + holders_key()), "2");
+
+  Subprocess c(args({"--permits", "2"}, {"true"}));
+  auto rc = c.wait_or_kill(30s);
+  EXPECT_EQ(rc.status, 75) << rc.err;
+  EXPECT_NE(rc.err.find("no permit free"), std::string::npos) << rc.err;
+  EXPECT_NE(rc.err.find("has 2 holders"), std::string::npos) << rc.err;
+
+  touch(go);
+  EXPECT_EQ(a.wait_or_kill(30s).status, 0);
+  EXPECT_EQ(b.wait_or_kill(30s).status, 0);
+  EXPECT_EQ(admin("EXISTS " + holders_key()), "0");  // both released
+}
+
+TEST_F(RunPermits, AWaitingRunIsGrantedWhenAHolderFinishes) {
+  const auto go = file("go");
+  Subprocess a(args({"--permits", "1"}, holder(file("a"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")); }, 10s)) << a.err();
+  Subprocess w(args({"--permits", "1", "--wait", "30s"}, holder(file("w"), file("go-w"))));
+  ASSERT_TRUE(eventually([&] { return admin("ZCARD jobguard:semq:{" + resource() + "}") == "1"; }, 10s)) << w.err();
+  EXPECT_FALSE(exists(file("w")));
+  touch(go);
+  EXPECT_EQ(a.wait_or_kill(30s).status, 0);
+  ASSERT_TRUE(eventually([&] { return exists(file("w")); }, 20s)) << w.err();
+  EXPECT_EQ(told(file("w")).slot, 0);
+  touch(file("go-w"));
+  EXPECT_EQ(w.wait_or_kill(30s).status, 0);
+}
+
+TEST_F(RunPermits, ARunWhosePermitIsTakenAwayIsStoppedWithExit70) {
+  Subprocess a(args({"--permits", "1", "--ttl", "600ms", "--grace", "200ms"}, holder(file("a"), file("never"))));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")); }, 10s)) << a.err();
+  admin("DEL " + holders_key());
+  auto rc = a.wait_or_kill(30s);
+  EXPECT_EQ(rc.status, 70) << rc.err;
+}
+
+TEST_F(RunPermits, LocksShowListsThePermitHolders) {
+  const auto go = file("go");
+  Subprocess a(args({"--permits", "2", "--job-id", "holder-a"}, holder(file("a"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")); }, 10s)) << a.err();
+  Subprocess show({jobguard_binary(), "--redis", url(), "locks", "show", resource()});
+  auto rc = show.wait_or_kill(30s);
+  EXPECT_EQ(rc.status, 0) << rc.err;
+  EXPECT_NE(rc.out.find("permits: 1 held in " + holders_key() + ", 0 waiting"), std::string::npos) << rc.out;
+  EXPECT_NE(rc.out.find("slot 0"), std::string::npos) << rc.out;
+  EXPECT_NE(rc.out.find("holder-a"), std::string::npos) << rc.out;
+  Subprocess js({jobguard_binary(), "--redis", url(), "--json", "locks", "show", resource()});
+  auto rj = js.wait_or_kill(30s);
+  EXPECT_EQ(rj.status, 0) << rj.err;
+  EXPECT_NE(rj.out.find("\"permits\":{"), std::string::npos) << rj.out;
+  EXPECT_NE(rj.out.find("\"slot\":0"), std::string::npos) << rj.out;
+  touch(go);
+  EXPECT_EQ(a.wait_or_kill(30s).status, 0);
+}
+
+TEST_F(RunPermits, BadPermitCountsAreUsageErrors) {
+  for (const auto& [flags, want] :
+       std::vector<std::pair<Args, std::string>>{{{"--permits", "0"}, "--permits 0: must be a whole number in 1..10000"},
+                                                 {{"--permits", "two"}, "--permits two: must be a whole number"},
+                                                 {{"--permits", "10001"}, "--permits 10001"},
+                                                 {{"--permits", "2", "--fair"}, "--permits with --fair"}}) {
+    Subprocess p(args(flags, {"true"}));
+    auto rc = p.wait_or_kill(30s);
+    EXPECT_EQ(rc.status, 64) << flags[1] << ": " << rc.err;
+    EXPECT_NE(rc.err.find(want), std::string::npos) << rc.err;
+    EXPECT_EQ(std::count(rc.err.begin(), rc.err.end(), '\n'), 1) << rc.err;
+  }
+}
+
+}  // namespace
+}  // namespace jobguard::test

@@ -1,0 +1,332 @@
+// Counting semaphores on a real server (docs/semaphore.md): N holders at
+// once, the N+1th waits in line and is woken by name, first come first
+// served, a crashed holder's permit back only once its lease has expired by
+// the server's clock, a lowered count, fencing tokens, the quarantine gate.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "fixtures.hpp"
+#include "jobguard/async.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/semaphore.hpp"
+
+using namespace std::chrono_literals;
+using jobguard::test::eventually;
+
+namespace jobguard {
+namespace {
+
+LockOptions permits(int n, std::chrono::milliseconds ttl = 10s, std::chrono::milliseconds wait = 0ms) {
+  LockOptions o;
+  o.permits = n;
+  o.ttl = ttl;
+  o.wait = wait;
+  o.fence = true;
+  return o;
+}
+
+class SemaphoreTest : public LockTest {
+ protected:
+  std::int64_t line_size(const std::string& r) const {
+    return client->exec(redis::Command{"ZCARD", svc->keys().permit_line_key(r)}).integer;
+  }
+  std::int64_t server_ms() const {
+    auto t = client->exec(redis::Command{"TIME"});
+    return std::stoll(t.elements[0].str) * 1000 + std::stoll(t.elements[1].str) / 1000;
+  }
+};
+
+TEST_F(SemaphoreTest, NHoldersAreGrantedDistinctSlotsAndTheNextIsBusy) {
+  const auto r = resource("pay");
+  std::vector<Lock> held;
+  for (int i = 0; i < 3; ++i) {
+    auto p = svc->acquire(r, permits(3));
+    ASSERT_TRUE(p) << "permit " << i;
+    EXPECT_EQ(p->permits(), 3);
+    EXPECT_EQ(p->key(), svc->keys().permit_holders_key(r));
+    held.push_back(std::move(*p));
+  }
+  std::set<int> slots;
+  for (const auto& p : held) slots.insert(p.permit_slot());
+  EXPECT_EQ(slots, (std::set<int>{0, 1, 2}));
+  EXPECT_FALSE(svc->acquire(r, permits(3)));
+  const auto info = inspect_semaphore(*svc, r);
+  ASSERT_EQ(info.holders.size(), 3u);
+  EXPECT_EQ(info.holders[2].slot, 2);
+  EXPECT_GT(info.holders[0].ttl_left, 0ms);
+  // A released slot is the one the next holder gets.
+  const int freed = held[1].permit_slot();
+  EXPECT_TRUE(held[1].release());
+  EXPECT_FALSE(held[1].release());
+  auto again = svc->acquire(r, permits(3));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->permit_slot(), freed);
+}
+
+TEST_F(SemaphoreTest, AWaiterIsWokenByTheReleaseNotByItsPoll) {
+  const auto r = resource("pay");
+  auto a = svc->acquire(r, permits(2));
+  auto b = svc->acquire(r, permits(2));
+  ASSERT_TRUE(a && b);
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2);
+  // Its polls are 30..60 s apart: only the release's wake can grant it soon.
+  LockOptions o = permits(2, 10s, 120s);
+  o.backoff_max = 60s;
+  auto f = std::async(std::launch::async, [&] { return svc2->acquire(r, o); });
+  ASSERT_TRUE(eventually([&] { return line_size(r) == 1; }));
+  // The waiter is subscribed once it has looked again after its subscription.
+  ASSERT_TRUE(eventually([&] {
+    auto n = client->exec(redis::Command{"PUBSUB", "NUMSUB", svc->keys().permit_channel(r)});
+    return n.elements.size() == 2 && n.elements[1].integer == 1;
+  }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(a->release());
+  ASSERT_EQ(f.wait_for(20s), std::future_status::ready) << "the waiter was not woken by the release";
+  auto p = f.get();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(line_size(r), 0);
+}
+
+TEST_F(SemaphoreTest, WaitersAreServedInArrivalOrder) {
+  const auto r = resource("pay");
+  auto first = svc->acquire(r, permits(1));
+  ASSERT_TRUE(first);
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::future<void>> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.push_back(std::async(std::launch::async, [&, i] {
+      auto p = svc->acquire(r, permits(1, 10s, 30s));
+      ASSERT_TRUE(p);
+      {
+        std::lock_guard g(mu);
+        order.push_back(i);
+      }
+      std::this_thread::sleep_for(20ms);
+      p->release();
+    }));
+    // The next one arrives only once this one has its place.
+    ASSERT_TRUE(eventually([&] { return line_size(r) == i + 1; })) << "waiter " << i;
+  }
+  first->release();
+  for (auto& w : waiters) w.get();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST_F(SemaphoreTest, ATryOnceAcquireDoesNotJumpTheLine) {
+  const auto r = resource("pay");
+  auto a = svc->acquire(r, permits(1));
+  ASSERT_TRUE(a);
+  auto f = std::async(std::launch::async, [&] { return svc->acquire(r, permits(1, 10s, 30s)); });
+  ASSERT_TRUE(eventually([&] { return line_size(r) == 1; }));
+  // With the permit free but a waiter ahead, a newcomer is busy: the permit
+  // is the waiter's (the release woke it).
+  client->exec(redis::Command{"ZREM", svc->keys().permit_holders_key(r), a->token() + " 0"});
+  a->detach();
+  EXPECT_FALSE(svc->acquire(r, permits(1)));
+  auto p = f.get();
+  EXPECT_TRUE(p);
+}
+
+TEST_F(SemaphoreTest, ACrashedHoldersPermitComesBackWhenItsLeaseExpiresNotBefore) {
+  const auto r = resource("pay");
+  auto crashed = svc->acquire(r, permits(1, 800ms));
+  ASSERT_TRUE(crashed);
+  const auto expiry = std::stoll(
+      client->exec(redis::Command{"ZSCORE", svc->keys().permit_holders_key(r), crashed->token() + " 0"}).str);
+  crashed->detach();  // never released: the process "died"
+  int busy = 0;
+  std::optional<Lock> next;
+  while (!next) {
+    const auto before = server_ms();
+    next = svc->acquire(r, permits(1));
+    if (!next) {
+      ++busy;
+      continue;
+    }
+    // Granted by a script that ran after `before`: the lease had ended.
+    EXPECT_GE(server_ms(), expiry) << "granted before the crashed holder's lease expired";
+    (void)before;
+  }
+  EXPECT_GT(busy, 0);
+  EXPECT_EQ(next->permit_slot(), 0);
+}
+
+TEST_F(SemaphoreTest, AWaiterGetsACrashedHoldersPermitAtItsNextPoll) {
+  const auto r = resource("pay");
+  auto crashed = svc->acquire(r, permits(1, 500ms));
+  ASSERT_TRUE(crashed);
+  crashed->detach();
+  LockOptions o = permits(1, 10s, 30s);
+  o.backoff_max = 100ms;
+  auto p = svc->acquire(r, o);
+  ASSERT_TRUE(p);
+}
+
+TEST_F(SemaphoreTest, ALoweredCountGrantsNothingUntilTheHoldersAreFewer) {
+  const auto r = resource("pay");
+  std::vector<Lock> held;
+  for (int i = 0; i < 3; ++i) {
+    auto p = svc->acquire(r, permits(3));
+    ASSERT_TRUE(p);
+    held.push_back(std::move(*p));
+  }
+  set_permits(*svc, r, 1);
+  EXPECT_EQ(inspect_semaphore(*svc, r).stored_permits, 1);
+  // The stored count overrides the acquire's own 3.
+  EXPECT_TRUE(held[0].release());
+  EXPECT_FALSE(svc->acquire(r, permits(3)));
+  EXPECT_TRUE(held[1].release());
+  EXPECT_FALSE(svc->acquire(r, permits(3)));
+  EXPECT_TRUE(held[2].release());
+  auto p = svc->acquire(r, permits(3));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->permits(), 1);
+  EXPECT_FALSE(svc->acquire(r, permits(3)));
+  // Raised again: a waiter is woken by the change.
+  LockOptions o = permits(3, 10s, 60s);
+  o.backoff_max = 30s;
+  auto f = std::async(std::launch::async, [&] { return svc->acquire(r, o); });
+  ASSERT_TRUE(eventually([&] { return line_size(r) == 1; }));
+  ASSERT_TRUE(eventually([&] {
+    auto n = client->exec(redis::Command{"PUBSUB", "NUMSUB", svc->keys().permit_channel(r)});
+    return n.elements.size() == 2 && n.elements[1].integer == 1;
+  }));
+  clear_permits(*svc, r);
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(f.get());
+  EXPECT_FALSE(inspect_semaphore(*svc, r).stored_permits);
+}
+
+TEST_F(SemaphoreTest, AnAcquireAskingFewerPermitsThanAreHeldIsBusy) {
+  const auto r = resource("pay");
+  auto a = svc->acquire(r, permits(3));
+  auto b = svc->acquire(r, permits(3));
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(svc->acquire(r, permits(2)));
+  EXPECT_TRUE(svc->acquire(r, permits(3)));
+}
+
+TEST_F(SemaphoreTest, FencesIncreaseAcrossPermitsAndShareTheMutexCounter) {
+  const auto r = resource("pay");
+  std::int64_t last = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto p = svc->acquire(r, permits(2));
+    ASSERT_TRUE(p && p->fence());
+    EXPECT_GT(*p->fence(), last);
+    last = *p->fence();
+  }
+  LockOptions m;
+  m.fence = true;
+  auto mutex = svc->acquire(r, m);
+  ASSERT_TRUE(mutex && mutex->fence());
+  EXPECT_GT(*mutex->fence(), last);
+  EXPECT_EQ(inspect_semaphore(*svc, r).fence, mutex->fence());
+}
+
+TEST_F(SemaphoreTest, AWaiterThatGivesUpLeavesTheLine) {
+  const auto r = resource("pay");
+  auto a = svc->acquire(r, permits(1));
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(svc->acquire(r, permits(1, 10s, 300ms)));
+  ASSERT_TRUE(eventually([&] { return line_size(r) == 0; }));
+  a->release();
+  EXPECT_TRUE(svc->acquire(r, permits(1)));
+}
+
+TEST_F(SemaphoreTest, BadOptionsAreRefusedBeforeAnythingIsSent) {
+  LockOptions o = permits(2);
+  o.fair = true;
+  EXPECT_THROW(svc->acquire(resource("x"), o), Error);
+  EXPECT_THROW(svc->acquire(resource("x"), permits(LockOptions::kMaxPermits + 1)), Error);
+  EXPECT_THROW(svc->acquire(resource("x"), permits(-1)), Error);
+  EXPECT_THROW(set_permits(*svc, resource("x"), 0), Error);
+}
+
+TEST_F(SemaphoreTest, EveryKeyOfASemaphoreIsInTheResourcesSlot) {
+  const auto& k = svc->keys();
+  for (const auto& key : {k.permit_holders_key("inv:1"), k.permit_line_key("inv:1"), k.permit_line_expiry_key("inv:1"),
+                          k.permit_count_key("inv:1"), k.permit_channel("inv:1"), k.fence_key("inv:1")})
+    EXPECT_NE(key.find("{inv:1}"), std::string::npos) << key;
+}
+
+TEST_F(SemaphoreTest, TheAsyncFormsGrantAndReleaseAPermit) {
+  const auto r = resource("pay");
+  std::promise<std::optional<Lock>> p;
+  svc->async_acquire(r, permits(1), [&](const Error& e, std::optional<Lock> l) {
+    EXPECT_FALSE(e) << e.what();
+    p.set_value(std::move(l));
+  });
+  auto l = p.get_future().get();
+  ASSERT_TRUE(l);
+  std::promise<bool> rel;
+  boost::asio::co_spawn(
+      client->get_executor(),
+      [&]() -> boost::asio::awaitable<void> {
+        auto second = co_await async_acquire(*svc, r, permits(1), boost::asio::use_awaitable);
+        EXPECT_FALSE(second);
+        const bool ours = co_await async_release(*l, boost::asio::use_awaitable);
+        rel.set_value(ours);
+      },
+      boost::asio::detached);
+  EXPECT_TRUE(rel.get_future().get());
+  EXPECT_TRUE(svc->acquire(r, permits(1)));
+}
+
+class SemaphoreLeaseTest : public LeaseTest {};
+
+TEST_F(SemaphoreLeaseTest, APermitsLeaseRenewsAndIsLostWhenItsEntryGoes) {
+  const auto r = resource("pay");
+  auto lease = sched->acquire(r, permits(2, 300ms));
+  ASSERT_TRUE(lease);
+  std::this_thread::sleep_for(1s);  // three TTLs: only renewals keep it
+  EXPECT_FALSE(lease->lost()) << lease->reason();
+  EXPECT_GT(lease->renewals(), 0u);
+  auto info = inspect_semaphore(*svc, r);
+  ASSERT_EQ(info.holders.size(), 1u);
+  // Taken away (an operator, or a server that lost it): the lease is lost.
+  client->exec(redis::Command{"DEL", svc->keys().permit_holders_key(r)});
+  ASSERT_TRUE(eventually([&] { return lease->lost(); }));
+  EXPECT_EQ(lease->state(), LeaseState::token_gone);
+}
+
+TEST_F(SemaphoreLeaseTest, ALeaseReleasesItsPermit) {
+  const auto r = resource("pay");
+  auto lease = sched->acquire(r, permits(1, 5s));
+  ASSERT_TRUE(lease);
+  EXPECT_FALSE(svc->acquire(r, permits(1)));
+  EXPECT_TRUE(lease->release());
+  EXPECT_TRUE(svc->acquire(r, permits(1)));
+}
+
+class SemaphoreQuarantineTest : public test::RedisTest {
+ protected:
+  void SetUp() override {
+    trust_new_server_ = false;
+    RedisTest::SetUp();
+  }
+};
+
+TEST_F(SemaphoreQuarantineTest, AServerThatLostLockStateIsRefusedPermits) {
+  auto c = make_client();
+  auto svc = LockService::create(*c, KeyBuilder(), QuarantineOptions{.max_ttl = 2s});
+  try {
+    auto p = svc->acquire("pay", permits(2, 1s));
+    FAIL() << "granted a permit by a server without a lock-state record";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::server_busy));
+    EXPECT_NE(std::string(e.what()).find("server lost lock state"), std::string::npos) << e.what();
+  }
+  // Nothing was written.
+  EXPECT_EQ(admin("EXISTS jobguard:sem:{pay}"), "0");
+}
+
+}  // namespace
+}  // namespace jobguard
