@@ -78,8 +78,6 @@ Exit status:
   69          Redis (or PostgreSQL for --once) unavailable: connect failed or
               timed out; fail-closed, CMD not run
   70          the lease was lost while CMD ran (CMD was stopped)
-  74          --once: CMD succeeded, but whether its record was written is
-              unknown (PostgreSQL COMMIT in doubt)
   75          lock busy (after --wait, if given)
   124         --timeout passed (CMD was stopped)
   126, 127    CMD could not be executed / was not found
