@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "exit_status.hpp"
 #include "jobguard/error.hpp"
 
 namespace jobguard::redis {
@@ -21,16 +22,6 @@ class Client;
 
 namespace jobguard::cli {
 
-// Documented exit statuses (README "Exit status", `jobguard --help`).
-namespace exit_code {
-inline constexpr int ok = 0;
-inline constexpr int usage = 64;        // bad flags, malformed URL/key/duration
-inline constexpr int data = 65;         // bad input file (policy lint)
-inline constexpr int unavailable = 69;  // Redis/PostgreSQL unavailable (fail-closed)
-inline constexpr int lease_lost = 70;   // the lease was lost while CMD ran
-inline constexpr int busy = 75;         // lock busy (try again later)
-inline constexpr int timeout = 124;     // hard timeout (as timeout(1))
-}  // namespace exit_code
 
 struct Globals {
   std::string redis_url;     // --redis, else $JOBGUARD_REDIS_URL, else redis://127.0.0.1:6379/0
@@ -69,9 +60,6 @@ void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out);
 // `jobguard --version`: our version, the client libraries', the build type.
 std::string version_text();
 
-// Maps a library error to the documented exit status.
-int exit_status_for(const jobguard::Error& e);
-
 // The command line exactly as main() received it (argv[1..]), for a
 // subcommand that must pass arguments on verbatim (`run -- CMD...`): CLI11
 // rewrites a positional like "[a,b]" as a list.
@@ -84,8 +72,12 @@ std::optional<std::vector<std::string>> cmd_after_dashes(std::initializer_list<s
 
 // A client for g.redis_url named `client_name`, checked with a PING within
 // the connect deadline: an unreachable Redis is exit 69 before anything else
-// happens ("cannot reach Redis at <url, password redacted>: ...").
+// happens ("cannot reach Redis at <url, password redacted>: ..."); a refused
+// password or certificate keeps its own code (78), since no retry mends it.
 std::unique_ptr<redis::Client> connect_redis(const Globals& g, const char* client_name);
+// connect_redis's error for a failed first PING `e` to Redis at `where`
+// (display URL), `then` appended ("; CMD not run").
+Error connect_error(const Error& e, const std::string& where, std::string_view then);
 
 // `body`, with a jobguard::Error it throws reported as one line
 // "jobguard <name>: <what>" on stderr and mapped to its exit status.

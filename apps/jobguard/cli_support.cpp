@@ -28,10 +28,18 @@ std::unique_ptr<redis::Client> connect_redis(const Globals& g, const char* clien
   try {
     client->exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
   } catch (const Error& e) {
-    throw Error(errc::redis_unavailable,
-                fmt::format("cannot reach Redis at {}: {}", redis::to_display_url(conn), e.what()));
+    throw connect_error(e, redis::to_display_url(conn), "");
   }
   return client;
+}
+
+Error connect_error(const Error& e, const std::string& where, std::string_view then) {
+  // Only what a later try may mend is "unavailable": a rejected password or
+  // certificate, or an ACL that forbids PING, keeps its code and its status.
+  if (e.next() == next_step::retry_call)
+    return Error(errc::redis_unavailable, fmt::format("cannot reach Redis at {}: {}{}", where, e.what(), then),
+                 error_source::redis);
+  return Error(e.code(), fmt::format("cannot use Redis at {}: {}{}", where, e.detail(), then), error_source::redis);
 }
 
 Action reported(std::string name, Action body) {

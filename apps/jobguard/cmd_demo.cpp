@@ -137,9 +137,10 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   sub->add_option("--scale", args->scale, "Multiplies every charge time (200 ms avg, slowest 1% 8 s)")
       ->capture_default_str()
       ->check(CLI::Range(0.0001, 10.0));
-  sub->footer(
+  sub->footer(exit_status_help(
       "Starts a private redis-server unless --redis is given (then the Redis restart fault is skipped).\n"
-      "With --postgres URL the guarded run keeps its completion records in PostgreSQL (migrated first).");
+      "With --postgres URL the guarded run keeps its completion records in PostgreSQL (migrated first).\n"
+      "Exit status: 0 the scenario ran (its report says how each side did)."));
   CLI::App* rootp = &root;
   out.emplace_back(sub, [rootp, &g, args] { return demo(rootp, g, *args); });
 }

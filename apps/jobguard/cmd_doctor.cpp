@@ -25,7 +25,8 @@ and deletes the keys <prefix>:doctor:{probe}[:audit] and {<prefix>:fleet}:doctor
 everything else only reads.
 
 Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
-64 usage (malformed URL); 69 Redis unreachable (the connection check failed).)";
+when the connection check fails, its error's status below (69 Redis unreachable,
+78 password refused, 77 PING or INFO not allowed).)";
 
 namespace doctor_exit {
 inline constexpr int warnings = 1;
@@ -73,7 +74,8 @@ int run_doctor(const Globals& g, const DoctorArgs& a) {
       std::cout << line << "\n";
     }
   }
-  if (unreachable) return exit_code::unavailable;
+  // Its code decides: a refused password is 78 whatever else was found.
+  if (unreachable) return results.front().code ? exit_status_for(results.front().code) : exit_code::unavailable;
   switch (observe::worst(results)) {
     case observe::CheckStatus::ok: return exit_code::ok;
     case observe::CheckStatus::warn: return doctor_exit::warnings;
@@ -85,7 +87,7 @@ int run_doctor(const Globals& g, const DoctorArgs& a) {
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto a = std::make_shared<DoctorArgs>();
   auto* doc = root.add_subcommand("doctor", "Check that Redis (and PostgreSQL) are fit for locks");
-  doc->footer(kDoctorHelp);
+  doc->footer(exit_status_help(kDoctorHelp));
   doc->fallthrough();
   doc->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
   doc->add_option("--pings", a->pings, "PINGs timed for the latency check")

@@ -189,6 +189,7 @@ int run_add(const Globals& g, const AddArgs& a) {
   job::StreamOptions so;
   so.stream = a.stream;
   so.group = a.group;
+  so.validate();
   auto client = connect_redis(g, "jobguard-jobs");
   job::StreamSource source(*client, so);
   source.ensure_group();
@@ -234,6 +235,7 @@ int run_ls(const Globals& g, const LsArgs& a) {
   job::StreamOptions so;
   so.stream = a.stream;
   so.group = a.group;
+  so.validate();
   auto client = connect_redis(g, "jobguard-jobs");
   job::StreamSource source(*client, so);
   const auto length = source.length(so.stream);
@@ -302,6 +304,7 @@ struct DeadArgs {
 int run_dead(const Globals& g, const DeadArgs& a) {
   job::StreamOptions so;
   so.stream = a.stream;
+  so.validate();
   auto client = connect_redis(g, "jobguard-jobs");
   job::StreamSource source(*client, so);
   const auto entries = source.dead_letters(a.count);
@@ -343,6 +346,7 @@ int run_retry(const Globals& g, const RetryArgs& a) {
   if (a.all && a.count == 0) throw Error(errc::invalid_argument, "--count 0: retry at least one dead letter");
   job::StreamOptions so;
   so.stream = a.stream;
+  so.validate();
   auto client = connect_redis(g, "jobguard-jobs");
   job::StreamSource source(*client, so);
   std::vector<std::string> ids = a.ids;
@@ -377,13 +381,14 @@ int run_retry(const Globals& g, const RetryArgs& a) {
 
 void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   auto* jobs = root.add_subcommand("jobs", "A Redis Streams job queue: add, ls, dead, retry, work");
-  jobs->footer(kJobsHelp);
+  jobs->footer(exit_status_help(kJobsHelp));
   jobs->require_subcommand(1);
   jobs->fallthrough();
 
   auto add_args = std::make_shared<AddArgs>();
   auto* add = jobs->add_subcommand("add", "Enqueue one job (XADD); prints its id");
   add->fallthrough();
+  add->footer(exit_status_help("Exit status: 0 enqueued (its id printed)."));
   add->add_option("--stream", add_args->stream, "Stream key (required)")->required();
   add->add_option("--group", add_args->group, "Consumer group (created if missing)")->capture_default_str();
   add->add_option("--unique", add_args->unique,
@@ -398,6 +403,7 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   auto ls_args = std::make_shared<LsArgs>();
   auto* ls = jobs->add_subcommand("ls", "Stream length, pending jobs, dead-letter length");
   ls->fallthrough();
+  ls->footer(exit_status_help("Exit status: 0 ok."));
   ls->add_option("--stream", ls_args->stream, "Stream key (required)")->required();
   ls->add_option("--group", ls_args->group, "Consumer group")->capture_default_str();
   ls->add_option("--count", ls_args->count, "Show at most N pending entries")->capture_default_str();
@@ -406,6 +412,7 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   auto dead_args = std::make_shared<DeadArgs>();
   auto* dead = jobs->add_subcommand("dead", "Dead-letter entries with their last error");
   dead->fallthrough();
+  dead->footer(exit_status_help("Exit status: 0 ok."));
   dead->add_option("--stream", dead_args->stream, "Stream key (required)")->required();
   dead->add_option("--count", dead_args->count, "Show at most N entries (newest first)")->capture_default_str();
   out.emplace_back(dead, reported("jobs dead", [&g, dead_args] { return run_dead(g, *dead_args); }));
@@ -413,6 +420,7 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   auto retry_args = std::make_shared<RetryArgs>();
   auto* retry = jobs->add_subcommand("retry", "Put dead letters back on the job stream");
   retry->fallthrough();
+  retry->footer(exit_status_help("Exit status: 0 retried; 65 a DEAD_ID not in the dead-letter stream (the others are retried)."));
   retry->add_option("--stream", retry_args->stream, "Stream key (required)")->required();
   retry->add_flag("--all", retry_args->all, "Every dead letter there is when it starts (up to --count)");
   retry->add_option("--count", retry_args->count, "With --all: at most N, oldest first")->capture_default_str();

@@ -131,6 +131,8 @@ int run_work(const Globals& g, const WorkArgs& a) {
   }
   wo.log = &log;
   auto effect = job::run_command({.argv = a.cmd, .grace = flag_ms(a.grace, "--grace")});
+  so.validate();
+  wo.validate();
 
   // Signals are taken before the first blocking call: a SIGINT while
   // connecting stops the worker before its first job, it does not kill it.
@@ -205,7 +207,9 @@ void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out) {
   auto w = std::make_shared<WorkArgs>();
   auto* work = jobs.add_subcommand("work", "Run CMD for each job, guarded as lock class NAME");
   work->fallthrough();
-  work->footer("See `jobguard jobs --help` for the environment, outcomes and exit status.");
+  work->footer(exit_status_help(
+      "See `jobguard jobs --help` for the environment and outcomes.\n"
+      "Exit status: 0 stopped by a signal, --max-jobs or --exit-when-idle; a job's failure is not the worker's."));
   work->add_option("--stream", w->stream, "Stream key (required)")->required();
   work->add_option("--class", w->cls, "Lock class name: metrics label and log field (required)")->required();
   work->add_option("--group", w->group, "Consumer group (created if missing)")->capture_default_str();
@@ -223,8 +227,11 @@ void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out) {
       ->check(duration_validator())
       ->capture_default_str();
   work->add_option("--max-attempts", w->max_attempts, "Deliveries before a failing job is dead-lettered")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  work->add_option("--concurrency", w->concurrency, "Jobs (CMDs) in flight at once, 1-4096")->capture_default_str();
+  work->add_option("--concurrency", w->concurrency, "Jobs (CMDs) in flight at once, 1-4096")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   work->add_option("--id-field", w->id_field, "Job field with the unit id")->capture_default_str();
   work->add_option("--run-field", w->run_field, "Job field with the run id (default: the stream entry id)")
       ->capture_default_str();

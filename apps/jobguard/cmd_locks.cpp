@@ -44,8 +44,8 @@ script. It does not stop the old holder: only a downstream that checks fences
 refuses its late writes (docs/operations.md). --holder OWNER releases only if
 the holder is still OWNER (as ls printed it).
 
-Exit status: 0 ok (release: released, or the lock was already free); 64 usage;
-69 Redis unavailable; 75 release --holder: the lock is held by someone else.)";
+Exit status: 0 ok (release: released, or the lock was already free);
+75 release --holder: the lock is held by someone else.)";
 
 struct LocksArgs {
   std::string key_prefix = "jobguard";
@@ -154,13 +154,14 @@ int run_audit(const Globals& g, const LocksArgs& a) {
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto a = std::make_shared<LocksArgs>();
   auto* locks = root.add_subcommand("locks", "Live locks: ls, show, release (force), audit");
-  locks->footer(kLocksHelp);
+  locks->footer(exit_status_help(kLocksHelp));
   locks->require_subcommand(1);
   locks->fallthrough();
   locks->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
 
   auto* ls = locks->add_subcommand("ls", "List held locks (SCAN, never KEYS)");
   ls->fallthrough();
+  ls->footer(exit_status_help("Exit status: 0 ok."));
   ls->add_option("--prefix", a->prefix, "Only resources starting with P");
   ls->add_option("--class", a->cls, "Only locks of class C (needs --catalog)");
   ls->add_option("--catalog", a->catalog, "Lock catalog YAML (classes by key pattern)");
@@ -172,11 +173,13 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
 
   auto* show = locks->add_subcommand("show", "Holder, TTL left, fence and waiters of one lock");
   show->fallthrough();
+  show->footer(exit_status_help("Exit status: 0 ok (a free lock is shown as free)."));
   show->add_option("KEY", a->key, "Resource or lock key")->required();
   out.emplace_back(show, [&g, a] { return run_show(g, *a); });
 
   auto* rel = locks->add_subcommand("release", "Force-release a lock: advance its fence, record who/why");
   rel->fallthrough();
+  rel->footer(exit_status_help("Exit status: 0 released, or already free; 75 --holder: held by someone else."));
   rel->add_option("KEY", a->key, "Resource or lock key")->required();
   rel->add_option("--reason", a->reason, "Why (goes into the audit record)")->required();
   rel->add_option("--holder", a->holder, "Release only if this is still the holder (host/pid/job)");
@@ -184,6 +187,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
 
   auto* audit = locks->add_subcommand("audit", "Force releases and the dashboard's other actions, newest first");
   audit->fallthrough();
+  audit->footer(exit_status_help("Exit status: 0 ok."));
   audit->add_option("--count", a->count, "Show at most N")->capture_default_str();
   out.emplace_back(audit, [&g, a] { return run_audit(g, *a); });
 }

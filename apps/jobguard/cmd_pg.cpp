@@ -49,8 +49,10 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   auto args = std::make_shared<PgArgs>();
   auto* pg = root.add_subcommand("pg", "PostgreSQL guardrails: schema management");
   pg->require_subcommand(1);
+  pg->footer(exit_status_help("Exit status: 0 ok."));
   auto* mig = pg->add_subcommand(
       "migrate", "Create the jobguard tables (fences, completions, idempotency) if missing; idempotent");
+  mig->footer(exit_status_help("Exit status: 0 the tables exist (created now or before)."));
   mig->add_option("--connect-timeout", args->connect_timeout, "Connect deadline (whole seconds, at least 2 s in libpq)")
       ->check(duration_validator())
       ->capture_default_str();

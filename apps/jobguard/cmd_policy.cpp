@@ -35,7 +35,7 @@ declaration that breaks the decision matrix, a TTL (hard timeout for renewing
 classes) under 1.25x the observed p99 hold time. Warning: a TTL over 20x it.
 
 Exit status: 0 no errors (warnings may be printed); 65 at least one error or an
-unreadable FILE; 64 usage; 69 --redis given and Redis unavailable.)";
+unreadable FILE; 69 --redis given and Redis unavailable.)";
 
 struct PolicyArgs {
   std::string file;
@@ -125,13 +125,14 @@ int run_doc(const PolicyArgs& a) {
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto a = std::make_shared<PolicyArgs>();
   auto* policy = root.add_subcommand("policy", "The lock catalog: lint, doc");
-  policy->footer(kPolicyHelp);
+  policy->footer(exit_status_help(kPolicyHelp));
   policy->require_subcommand(1);
   policy->fallthrough();
   CLI::Option* redis_opt = root.get_option("--redis");
 
   auto* lint = policy->add_subcommand("lint", "Check a lock catalog (exit 65 on errors)");
   lint->fallthrough();
+  lint->footer(exit_status_help("Exit status: 0 no errors (warnings may be printed); 65 at least one error or an unreadable FILE."));
   lint->add_option("FILE", a->file, "Catalog YAML")->required();
   lint->add_option("--window", a->window, "With --redis: the fleet window the p99 is taken over (1m, 5m, 15m, 60m)")
       ->capture_default_str();
@@ -139,6 +140,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
 
   auto* doc = policy->add_subcommand("doc", "Render a lock catalog as one page");
   doc->fallthrough();
+  doc->footer(exit_status_help("Exit status: 0 rendered; 65 an unreadable or invalid FILE."));
   doc->add_option("FILE", a->file, "Catalog YAML")->required();
   doc->add_option("--format", a->format, "md or html")->check(CLI::IsMember({"md", "html"}))->capture_default_str();
   doc->add_option("-o,--output", a->output, "Write to OUT instead of stdout");

@@ -194,8 +194,7 @@ class Runner {
     try {
       client.exec(redis::Command{"PING"}, redis::CallOptions{conn.connect_timeout});
     } catch (const Error& e) {
-      throw Error(errc::redis_unavailable,
-                  fmt::format("cannot reach Redis at {}: {}; CMD not run (fail-closed)", redis::to_display_url(conn), e.what()));
+      throw connect_error(e, redis::to_display_url(conn), "; CMD not run (fail-closed)");
     }
 
     // Before the lock and lease (destroyed after them): its last batch, sent
@@ -217,7 +216,7 @@ class Runner {
       default: break;
     }
     if (r.lost) return exit_code::lease_lost;
-    if (r.record_failed) return exit_code::unavailable;
+    if (r.record_failed) return exit_status_for(r.record_error);
     return r.outcome.status.shell_status();
   }
 
@@ -244,7 +243,7 @@ class Runner {
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto args = std::make_shared<RunArgs>();
   auto* sub = root.add_subcommand("run", "Run CMD while holding a Redis lock (a distributed flock)");
-  sub->footer(kRunHelp);
+  sub->footer(exit_status_help(kRunHelp));
   sub->add_option("--key", args->key, "Resource to lock, e.g. invoice:48291 (required)")->required();
   sub->add_option("--ttl", args->ttl, "Lock TTL; renewed every ttl/3 (>= 10ms)")->check(duration_validator())->capture_default_str();
   sub->add_option("--wait", args->wait, "Wait up to DUR for a busy lock (default: try once)")->check(duration_validator());

@@ -173,11 +173,12 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   sub->add_option("--stream", a->streams, "A job stream the dashboard shows (repeatable)");
   sub->add_option("--group", a->group, "Consumer group of the streams")->capture_default_str();
   sub->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
-  sub->footer(
+  sub->footer(exit_status_help(
       "Endpoints: GET /metrics (Prometheus text 0.0.4), GET /metrics.json, GET /healthz (200 \"ok\" while Redis "
       "answers PING, else 503 with the reason), GET / (the dashboard) and the JSON API under /api "
       "(docs/dashboard.md). Actions are POSTs with Authorization: Bearer TOKEN and a reason; without a token "
-      "configured they answer 403.");
+      "configured they answer 403.\n"
+      "Exit status: 0 stopped by SIGINT/SIGTERM."));
   out.emplace_back(sub, [&g, a] { return serve(g, *a); });
 }
 

@@ -44,6 +44,8 @@ int stats(const Globals& g, const StatsArgs& a) {
   try {
     snap = observe::FleetReader(client, ro).read(window);
   } catch (const Error& e) {
+    // A refusal (NOPERM, WRONGTYPE) keeps its code: no later try mends it.
+    if (e.next() != next_step::retry_call) throw;
     throw Error(errc::redis_unavailable,
                 fmt::format("cannot read the fleet's numbers from {}: {}", redis::to_display_url(conn), e.what()));
   }
@@ -85,10 +87,11 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   sub->add_option("--window", a->window, "1m, 5m, 15m or 60m")->capture_default_str();
   sub->add_option("--class", a->lock_class, "Only this lock class");
   sub->add_option("--prefix", a->prefix, "Key prefix the processes use")->capture_default_str();
-  sub->footer(
+  sub->footer(exit_status_help(
       "Per class: acquisitions/s, contention (share of acquire calls that met a busy answer), hold time p50/p99/avg "
       "(from the merged histograms), expired locks per minute (leases lost + releases that found the key gone or "
-      "taken). See docs/observability.md.");
+      "taken). See docs/observability.md.\n"
+      "Exit status: 0 ok."));
   out.emplace_back(sub, [&g, a] { return stats(g, *a); });
 }
 

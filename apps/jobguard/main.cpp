@@ -53,26 +53,6 @@ CLI::Validator duration_validator() {
       "DURATION", "duration");
 }
 
-int exit_status_for(const jobguard::Error& e) {
-  const auto code = e.code();
-  // A server that refused to serve us now, by kind of reply: OOM (maxmemory
-  // with noeviction), READONLY (a replica), MASTERDOWN, LOADING, BUSY (a
-  // script), TRYAGAIN, CLUSTERDOWN all arrive as server_busy with the
-  // server's own text in e.what(): unavailable, whatever the source.
-  if (code == errc::server_busy || code == errc::redis_unavailable || code == errc::postgres_unavailable)
-    return exit_code::unavailable;
-  // A credential or certificate the server rejects: the service is
-  // unavailable to us until an operator fixes it, not a usage error.
-  if (code == errc::auth_failed || code == errc::tls_error) return exit_code::unavailable;
-  if (code == errc::lease_lost || code == errc::stale_fence) return exit_code::lease_lost;
-  switch (e.next()) {
-    case next_step::retry_call: return exit_code::unavailable;
-    case next_step::restart_attempt: return exit_code::lease_lost;
-    case next_step::stop: return exit_code::usage;
-    default: return exit_code::unavailable;
-  }
-}
-
 namespace {
 
 // A password kept out of argv (visible in ps) and out of the URL: from a file
@@ -119,9 +99,9 @@ int main(int argc, char** argv) {
   raw_args_storage().assign(argv + (argc > 0 ? 1 : 0), argv + argc);
   CLI::App app{"jobguard: guard the side effects of background jobs with Redis and PostgreSQL"};
   app.require_subcommand(1);
-  app.footer(
-      "Exit status: CMD's own status when `run` ran it to the end; 0 ok; 64 usage error; 65 bad input file;\n"
-      "69 Redis/PostgreSQL unavailable (fail-closed); 70 lease lost; 75 lock busy; 124 hard timeout.");
+  app.footer(exit_status_help(
+      "Exit status: CMD's own status when `run` ran it to the end; 0 ok; 65 bad input file;\n"
+      "70 lease lost; 75 lock busy; 124 hard timeout (each subcommand's --help says which it uses)."));
   Globals g;
   if (const char* env = std::getenv("JOBGUARD_REDIS_URL"); env && *env) g.redis_url = env;
   else g.redis_url = "redis://127.0.0.1:6379/0";

@@ -28,12 +28,13 @@ enum class errc {
   // --- stop: fixing this needs a human ----------------------------------------
   invalid_argument = 40,   // malformed key, duration, option...
   invalid_url,             // malformed redis:// / rediss:// / postgres URL
-  auth_failed,             // AUTH rejected (wrong password, unknown ACL user)
+  auth_failed,             // AUTH rejected (wrong password, unknown ACL user, no password set)
   tls_error,               // TLS handshake or certificate verification failed
   protocol_error,          // the server sent bytes we cannot parse
   server_error,            // an -ERR reply the caller did not expect
   script_error,            // a Lua script failed on the server
   shutdown,                // the client is closing; no new calls accepted
+  permission_denied,       // NOPERM: the ACL user may not run this command or touch this key
   // --- in doubt: the side effect may or may not have happened ---------------
   in_doubt = 60,
 };

@@ -455,8 +455,9 @@ class LockService : public std::enable_shared_from_this<LockService> {
   // Redis failures and on a malformed resource; a free resource is a result
   // (held = false). Blocking: not from the client's event-loop thread.
   LockInfo inspect(std::string_view resource);
-  // The asynchronous form; `done` runs on the event loop.
-  void async_inspect(std::string resource, std::function<void(std::error_code, LockInfo)> done);
+  // The asynchronous form; `done` runs on the event loop, with no error or
+  // the inspect's Error (the server's words, its address, the lock key).
+  void async_inspect(std::string resource, std::function<void(const Error&, LockInfo)> done);
 
   struct Impl;
   // Internal, for src/lock: building a Lock value.

@@ -27,6 +27,7 @@ class Category final : public std::error_category {
       case errc::server_error: return "server error";
       case errc::script_error: return "script error";
       case errc::shutdown: return "client shut down";
+      case errc::permission_denied: return "permission denied";
       case errc::in_doubt: return "outcome in doubt";
     }
     return "unknown jobguard error";

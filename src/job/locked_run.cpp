@@ -135,9 +135,13 @@ class LockedRun {
         o_.once->record("run", o_.resource, o_.run_id, token_owner(lease.token()));
       } catch (const Error& e) {
         r.record_failed = true;
+        r.record_error = e;
         event("error", "error", ms_since(started), true,
-              fmt::format("CMD succeeded but its completion record for run {} could not be written: {}; a rerun "
-                          "will repeat it", o_.run_id, e.what()));
+              e.code() == errc::in_doubt
+                  ? fmt::format("CMD succeeded but whether its completion record for run {} was written is "
+                                "unknown: {}; a rerun checks the record first", o_.run_id, e.what())
+                  : fmt::format("CMD succeeded but its completion record for run {} could not be written: {}; a "
+                                "rerun will repeat it", o_.run_id, e.what()));
       }
     }
     const auto held_ms = ms_since(acquired_at_);

@@ -48,6 +48,7 @@ bool postgres_down(const Error& e) {
 }
 
 Outcome classify(const Error& e) {
+  if (e.code() == make_error_code(errc::in_doubt)) return Outcome::in_doubt;
   if (postgres_down(e)) return Outcome::postgres_unavailable;
   if (redis_down(e)) return Outcome::redis_unavailable;
   if (e.code() == make_error_code(errc::lease_lost)) return Outcome::lease_lost;
@@ -101,6 +102,7 @@ const char* to_string(Outcome o) noexcept {
     case Outcome::timed_out: return "timed_out";
     case Outcome::stale: return "stale";
     case Outcome::failed: return "failed";
+    case Outcome::in_doubt: return "in_doubt";
   }
   return "?";
 }

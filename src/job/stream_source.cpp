@@ -69,15 +69,19 @@ const redis::Script& unique_reap_script() {
 }
 }  // namespace
 
-StreamSource::StreamSource(redis::Client& client, StreamOptions options) : client_(client), opts_(std::move(options)) {
-  if (opts_.stream.empty()) throw Error(errc::invalid_argument, "stream source: empty stream key");
-  if (opts_.group.empty()) throw Error(errc::invalid_argument, "stream source: empty consumer group");
-  if (opts_.block < std::chrono::milliseconds(1) || opts_.block > std::chrono::milliseconds(1000))
+void StreamOptions::validate() const {
+  if (stream.empty()) throw Error(errc::invalid_argument, "stream source: empty stream key");
+  if (group.empty()) throw Error(errc::invalid_argument, "stream source: empty consumer group");
+  if (block < std::chrono::milliseconds(1) || block > std::chrono::milliseconds(1000))
     throw Error(errc::invalid_argument,
-                "stream source: block " + std::to_string(opts_.block.count()) + "ms outside [1ms, 1s]");
-  if (opts_.claim_idle.count() <= 0) throw Error(errc::invalid_argument, "stream source: claim_idle must be > 0");
-  if (opts_.max_attempts < 1) throw Error(errc::invalid_argument, "stream source: max_attempts must be >= 1");
-  if (opts_.call_timeout.count() <= 0) throw Error(errc::invalid_argument, "stream source: call_timeout must be > 0");
+                "stream source: block " + std::to_string(block.count()) + "ms outside [1ms, 1s]");
+  if (claim_idle.count() <= 0) throw Error(errc::invalid_argument, "stream source: claim_idle must be > 0");
+  if (max_attempts < 1) throw Error(errc::invalid_argument, "stream source: max_attempts must be >= 1");
+  if (call_timeout.count() <= 0) throw Error(errc::invalid_argument, "stream source: call_timeout must be > 0");
+}
+
+StreamSource::StreamSource(redis::Client& client, StreamOptions options) : client_(client), opts_(std::move(options)) {
+  opts_.validate();
   if (opts_.dead_letter.empty()) opts_.dead_letter = opts_.stream + ":dead";
 }
 

@@ -59,6 +59,9 @@ Decision decide(const RunResult& r, bool left_pending) {
       // The effect threw, or its records could not be written: an attempt
       // that counts toward max_attempts.
       return {Action::fail, r.detail};
+    case Outcome::in_doubt:
+      // Committed or not, the record decides: the next delivery reads it
+      // (already_done, or a clean run). Not an attempt of the effect's.
     case Outcome::busy:
     case Outcome::lease_lost:
     case Outcome::timed_out:
@@ -167,6 +170,21 @@ std::string default_consumer() {
 
 }  // namespace
 
+void WorkerOptions::validate() const {
+  if (concurrency < 1 || concurrency > 4096)
+    throw Error(errc::invalid_argument, fmt::format("stream worker: concurrency {} outside [1, 4096]", concurrency));
+  if (id_field.empty()) throw Error(errc::invalid_argument, "stream worker: empty id_field");
+  if (max_jobs < 0) throw Error(errc::invalid_argument, "stream worker: max_jobs must be >= 0");
+  for (const auto& rate : rates)
+    if (rate.count <= 0 || rate.per.count() <= 0 || rate.interval().count() < 1)
+      throw Error(errc::invalid_argument, "stream worker: a rate limit needs a count and a period above 0");
+  if (unique_reap_interval.count() < 0)
+    throw Error(errc::invalid_argument, "stream worker: unique_reap_interval must be >= 0");
+  if (retry_backoff.count() <= 0 || retry_backoff_max < retry_backoff)
+    throw Error(errc::invalid_argument, "stream worker: retry_backoff must be > 0 and <= retry_backoff_max");
+  if (blocking_threads < 0) throw Error(errc::invalid_argument, "stream worker: blocking_threads must be >= 0");
+}
+
 struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
   Impl(redis::Client& c, StreamOptions so, GuardedRunner& r, AsyncJobEffect ae, JobEffect se, WorkerOptions wo)
       : client(c),
@@ -178,19 +196,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         wake(c.get_executor()),
         pause(c.get_executor()) {
     if (!async_effect && !sync_effect) throw Error(errc::invalid_argument, "stream worker: empty effect");
-    if (o.concurrency < 1 || o.concurrency > 4096)
-      throw Error(errc::invalid_argument,
-                  fmt::format("stream worker: concurrency {} outside [1, 4096]", o.concurrency));
-    if (o.id_field.empty()) throw Error(errc::invalid_argument, "stream worker: empty id_field");
-    if (o.max_jobs < 0) throw Error(errc::invalid_argument, "stream worker: max_jobs must be >= 0");
-    for (const auto& rate : o.rates)
-      if (rate.count <= 0 || rate.per.count() <= 0 || rate.interval().count() < 1)
-        throw Error(errc::invalid_argument, "stream worker: a rate limit needs a count and a period above 0");
-    if (o.unique_reap_interval.count() < 0)
-      throw Error(errc::invalid_argument, "stream worker: unique_reap_interval must be >= 0");
-    if (o.retry_backoff.count() <= 0 || o.retry_backoff_max < o.retry_backoff)
-      throw Error(errc::invalid_argument, "stream worker: retry_backoff must be > 0 and <= retry_backoff_max");
-    if (o.blocking_threads < 0) throw Error(errc::invalid_argument, "stream worker: blocking_threads must be >= 0");
+    o.validate();
     if (o.consumer.empty()) o.consumer = default_consumer();
     const int threads = o.blocking_threads > 0 ? o.blocking_threads : sync_effect ? o.concurrency : 1;
     pool = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(threads));

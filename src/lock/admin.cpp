@@ -52,7 +52,7 @@ std::vector<LockInfo> inspect_batch(LockService& service, const std::vector<std:
   struct Shared {
     std::mutex mu;
     std::vector<LockInfo> out;
-    std::error_code first_error;
+    Error first_error;
     std::size_t left;
     std::promise<void> done;
   };
@@ -61,19 +61,18 @@ std::vector<LockInfo> inspect_batch(LockService& service, const std::vector<std:
   if (resources.empty()) return {};
   auto fut = sh->done.get_future();
   for (const auto& r : resources) {
-    service.async_inspect(r, [sh](std::error_code ec, LockInfo info) {
+    service.async_inspect(r, [sh](const Error& e, LockInfo info) {
       std::lock_guard<std::mutex> g(sh->mu);
-      if (ec && !sh->first_error) sh->first_error = ec;
-      if (!ec && info.held) sh->out.push_back(std::move(info));
+      if (e && !sh->first_error) sh->first_error = e;
+      if (!e && info.held) sh->out.push_back(std::move(info));
       if (--sh->left == 0) sh->done.set_value();
     });
   }
   // Every call has the client's deadline, so every completion runs.
   fut.wait();
   std::lock_guard<std::mutex> g(sh->mu);
-  if (sh->first_error)
-    throw Error(sh->first_error, fmt::format("inspecting locks on {}: {}", service.client().address(),
-                                             sh->first_error.message()));
+  // Already names the server, the key and the server's own words.
+  if (sh->first_error) throw sh->first_error.with_context("inspecting locks");
   return std::move(sh->out);
 }
 

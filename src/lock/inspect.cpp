@@ -61,20 +61,22 @@ LockInfo decode_inspect(std::string resource, std::string key, const redis::Repl
 
 }  // namespace detail
 
-void LockService::async_inspect(std::string resource, std::function<void(std::error_code, LockInfo)> done) {
+void LockService::async_inspect(std::string resource, std::function<void(const Error&, LockInfo)> done) {
   std::string key = keys_.lock_key(resource);
   std::vector<std::string> k{key, keys_.fence_key(resource), keys_.queue_key(resource), keys_.waiters_key(resource)};
   client_.async_eval(detail::inspect_script(), std::move(k), {},
-                     [resource = std::move(resource), key, done = std::move(done)](std::error_code ec,
-                                                                                  redis::Reply r) mutable {
-                       if (ec) return done(ec, LockInfo{});
+                     [resource = std::move(resource), key, address = client_.address(),
+                      done = std::move(done)](std::error_code ec, redis::Reply r) mutable {
+                       // The server's words (NOPERM, WRONGTYPE) and the key
+                       // it refused travel up; a bare code would lose them.
+                       if (ec) return done(redis::to_error(ec, r, address, "inspect of " + key), LockInfo{});
                        LockInfo info;
                        try {
                          info = detail::decode_inspect(std::move(resource), std::move(key), r);
                        } catch (const Error& err) {
-                         return done(err.code(), LockInfo{});
+                         return done(err, LockInfo{});
                        }
-                       done({}, std::move(info));
+                       done(Error{}, std::move(info));
                      });
 }
 

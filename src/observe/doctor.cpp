@@ -482,6 +482,7 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
   } catch (const Error& e) {
     out.push_back(fail("connection", fmt::format("{}: {}", c.address(), e.what()),
                        "check the URL, the network and the server; jobs of fail-closed classes do not run meanwhile"));
+    out.back().code = e.code();
     return out;
   }
   out.push_back(ok("connection", fmt::format("{}: redis {}", c.address(), get(info, "redis_version"))));
@@ -521,6 +522,7 @@ RedisFacts watch_redis(redis::Client& c, const DoctorOptions& o) {
   } catch (const Error& e) {
     f.checks.push_back(fail("connection", fmt::format("{}: {}", c.address(), e.what()),
                             "check the URL, the network and the server; jobs of fail-closed classes do not run meanwhile"));
+    f.checks.back().code = e.code();
     return f;
   }
   f.up = true;

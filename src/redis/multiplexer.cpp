@@ -311,7 +311,10 @@ std::size_t ReplyLimiter::scan(const char* data, std::size_t n) {
 
 std::error_code classify_error_reply(const Reply& r) {
   const std::string_view p = r.error_prefix();
-  if (p == "WRONGPASS" || p == "NOAUTH" || p == "NOPERM") return make_error_code(errc::auth_failed);
+  if (p == "WRONGPASS" || p == "NOAUTH") return make_error_code(errc::auth_failed);
+  // Logged in, but the ACL refuses this command or key: the credentials are
+  // right, the user's rights are not (a different fix than a password).
+  if (p == "NOPERM") return make_error_code(errc::permission_denied);
   // OOM (maxmemory with noeviction) belongs here: the server refuses writes
   // until memory is freed, the same "cannot serve us now" as READONLY.
   if (p == "LOADING" || p == "BUSY" || p == "TRYAGAIN" || p == "MASTERDOWN" || p == "CLUSTERDOWN" ||

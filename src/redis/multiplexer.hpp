@@ -200,7 +200,8 @@ class Multiplexer {
   std::uint64_t replies_ = 0;
 };
 
-// Classifies an error reply: WRONGPASS/NOAUTH/NOPERM -> auth_failed, LOADING/
+// Classifies an error reply: WRONGPASS/NOAUTH -> auth_failed, NOPERM ->
+// permission_denied, LOADING/
 // BUSY/TRYAGAIN/MASTERDOWN/CLUSTERDOWN/READONLY/OOM -> server_busy, NOSCRIPT/script errors ->
 // script_error, anything else -> server_error.
 std::error_code classify_error_reply(const Reply& r);

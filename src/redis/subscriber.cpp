@@ -360,7 +360,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
           self->ask_map();
           return self->place(ch);
         }
-        if (ec == errc::auth_failed) {
+        if (ec == errc::permission_denied || ec == errc::auth_failed) {
           // NOPERM (an ACL without this channel) will not fix itself.
           return self->report(to_error(ec, r, where, fmt::format("SSUBSCRIBE {} refused", ch)));
         }

@@ -57,8 +57,11 @@ struct LockedRunResult {
   enum class Status { ran, busy, skipped } status = Status::ran;
   CmdOutcome outcome;    // ran: how CMD ended
   bool lost = false;  // ran: the lease was lost (or its safe time ran out) while CMD ran
-  // ran: CMD exited 0 but its completion record could not be written (a rerun repeats it).
+  // ran: CMD exited 0 but its completion record could not be written (a rerun repeats it),
+  // or, with record_error in_doubt, the write's outcome is unknown.
   bool record_failed = false;
+  Error record_error{};  // record_failed: why
+
 };
 
 // Throws jobguard::Error: redis_unavailable when Redis fails before CMD runs

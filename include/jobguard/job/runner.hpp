@@ -126,6 +126,8 @@ enum class Outcome {
   timed_out,          // the class's hard timeout stopped the job
   stale,              // the downstream rejected our fencing token
   failed,             // the effect threw, or the records could not be written
+  in_doubt,           // the connection broke during the COMMIT of the effect and its
+                      // record: it may or may not have committed; the record says
 };
 const char* to_string(Outcome o) noexcept;
 

@@ -52,6 +52,10 @@ struct StreamOptions {
   // Deadline of the non-blocking calls. Default 2 s; must be > 0. Blocking
   // reads get `block` + this.
   std::chrono::milliseconds call_timeout{2000};
+
+  // Throws Error(invalid_argument) naming the first field out of range; what
+  // the StreamSource constructor checks, callable before any connection.
+  void validate() const;
 };
 
 struct StreamJob {

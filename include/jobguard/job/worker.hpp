@@ -184,6 +184,10 @@ struct WorkerOptions {
   observe::EventLog* log = nullptr;
   // Called on the event loop after each job's action.
   std::function<void(const JobReport&)> on_job{};
+
+  // Throws Error(invalid_argument) naming the first field out of range; what
+  // the StreamWorker constructor checks, callable before any connection.
+  void validate() const;
 };
 
 struct WorkerStats {

@@ -29,6 +29,9 @@ struct CheckResult {
   CheckStatus status = CheckStatus::ok;
   std::string detail;  // what was seen
   std::string advice;  // what to do; empty when OK
+  // A failed check whose call failed: the call's code (a refused password is
+  // auth_failed, a server that is not there not_connected). Clear otherwise.
+  std::error_code code{};
 };
 
 struct DoctorOptions {

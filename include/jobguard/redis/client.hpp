@@ -44,7 +44,7 @@ namespace jobguard::redis {
 // On failure `ec` is set and `reply` is an error reply whose text says what
 // went wrong and where (server address, command, server's own message).
 // An -ERR reply from the server is a failure too (server_error, server_busy,
-// script_error, auth_failed): callers never have to inspect reply types for
+// script_error, auth_failed, permission_denied): callers never have to inspect reply types for
 // errors. For an error reply the text is the server's own, untouched (so
 // error_prefix() works); to_error() below adds the address and the context
 // for the layers above. A reply over a ConnectionOptions limit fails with

@@ -1,8 +1,8 @@
 // `jobguard run` against a server that refuses to serve: the server's own
 // words, its host:port and the key reach the user in one line, and the exit
 // status says "unavailable" (69), not "usage": OOM,
-// READONLY, MASTERDOWN and LOADING from real redis-servers put in that state,
-// and replies over the client's limits from a hostile peer.
+// READONLY, MASTERDOWN and LOADING from real redis-servers put in that state;
+// replies over the client's limits from a hostile peer are a protocol error (76).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -116,9 +116,9 @@ TEST_F(RunServerErrors, ServerStillLoadingItsDatasetGivesItsLoadingTextAndExit69
 // Reply limits where the user meets them: a peer on the Redis port that
 // declares two billion elements would abort an unbounded reader
 // (std::bad_alloc), twenty million block it for seconds, a 4 GB bulk string
-// be buffered. Each is a protocol error naming the limit, and the run fails closed like any
-// unusable server: 69, CMD not run, never a crash.
-TEST_F(RunServerErrors, RepliesOverTheClientsLimitsAreRefusedExit69AndNeverCrash) {
+// be buffered. Each is a protocol error naming the limit, and the run fails closed:
+// 76 (no retry makes that peer speak Redis), CMD not run, never a crash.
+TEST_F(RunServerErrors, RepliesOverTheClientsLimitsAreRefusedExit76AndNeverCrash) {
   struct Case {
     std::string reply;
     bool flood;
@@ -133,11 +133,11 @@ TEST_F(RunServerErrors, RepliesOverTheClientsLimitsAreRefusedExit69AndNeverCrash
         {"--redis", fmt::format("redis://127.0.0.1:{}/0", hostile.port()), "run", "--key", "k", "--", "touch", marker},
         60s);
     EXPECT_FALSE(r.signaled) << c.says << ": killed by a signal (" << r.status - 128 << "): " << r.err;
-    EXPECT_EQ(r.status, 69) << c.says << ": " << r.err;
+    EXPECT_EQ(r.status, 76) << c.says << ": " << r.err;
     // The client's warning that it dropped the connection may precede it;
     // the run's own error is the last line.
     const auto last = r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1);
-    EXPECT_NE(last.find("jobguard run: Redis unavailable"), std::string::npos) << r.err;
+    EXPECT_NE(last.find("jobguard run: protocol error"), std::string::npos) << r.err;
     EXPECT_NE(last.find(c.says), std::string::npos) << r.err;
     EXPECT_NE(last.find("CMD not run"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(marker)) << c.says;

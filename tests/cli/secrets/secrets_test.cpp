@@ -168,10 +168,10 @@ TEST_F(PasswordSources, FromTheEnvironment) {
 TEST_F(PasswordSources, WrongOrMissingPasswordFailsClosedWithoutPrintingIt) {
   const auto wrong = write("wrong", "zq-wrong-9x\n");
   auto r = run_jobguard({"--redis", url, "--redis-password-file", wrong, "run", "--key", "pwwrong", "--", "true"});
-  EXPECT_EQ(r.status, 69) << all_output(r);
+  EXPECT_EQ(r.status, 78) << all_output(r);
   expect_never_printed(r, "zq-wrong-9x");
   r = run_jobguard({"--redis", url, "run", "--key", "pwnone", "--", "true"});
-  EXPECT_EQ(r.status, 69) << all_output(r);
+  EXPECT_EQ(r.status, 78) << all_output(r);
 }
 
 TEST_F(PasswordSources, BadFileOrTwoPasswordsIsAUsageError) {

@@ -391,6 +391,63 @@ TEST_F(RunnerTest, HighCommitsTheEffectAndItsRecordTogetherOrNeither) {
   EXPECT_EQ(c.exec("SELECT balance FROM " + table + " WHERE id = 'a'").rows[0][0], std::optional<std::string>("10"));
 }
 
+// The connection breaks while COMMIT is in flight: the effect and its record
+// may or may not have committed, so the run is in doubt, not failed, and the
+// record decides on the next run. The COMMIT is held at a deferred trigger
+// waiting for an advisory lock this test holds, and its backend is
+// terminated once pg_stat_activity shows it waiting there.
+TEST_F(RunnerTest, HighCommitWhoseConnectionBreaksIsInDoubtAndTheRecordDecides) {
+  const std::string table = RunnerTest::table("doubt");
+  const std::string key = std::to_string(700000 + iteration());
+  guard::PgConnection holder(pg_options());
+  holder.exec("CREATE TABLE " + table + " (id text PRIMARY KEY)");
+  holder.exec("CREATE FUNCTION " + table + "_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM "
+              "pg_advisory_lock(" + key + "); PERFORM pg_advisory_unlock(" + key + "); RETURN NULL; END $$");
+  holder.exec("CREATE CONSTRAINT TRIGGER " + table + "_at_commit AFTER INSERT ON " + table +
+              " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + table + "_hold()");
+  holder.exec("SELECT pg_advisory_lock(" + key + ")");
+
+  auto cls = low_class();
+  cls.consequence = Consequence::high;
+  auto po = pg_options();
+  po.statement_timeout = 60s;  // the held COMMIT is ended by the kill, not by a timeout
+  job::GuardedRunner runner(leases, cls, {.postgres = po});
+  auto insert = [&](job::JobContext& ctx) {
+    ctx.transaction()->exec("INSERT INTO " + table + " VALUES ($1)", {ctx.unit().id});
+    return std::string("inserted");
+  };
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    guard::PgConnection watch(pg_options());
+    const bool seen = test::eventually(
+        [&] {
+          auto r = watch.exec(
+              "SELECT pid FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active' AND wait_event_type = "
+              "'Lock' AND pid <> pg_backend_pid()");
+          if (r.rows.empty()) return false;
+          watch.exec("SELECT pg_terminate_backend($1::int)", {r.rows[0][0].value()});
+          return true;
+        },
+        30s);
+    killed = seen;
+  });
+  const auto r = runner.run({.id = "d", .run_id = "r"}, insert);
+  killer.join();
+  ASSERT_TRUE(killed) << "the COMMIT was never seen waiting; outcome " << job::to_string(r.outcome) << ": " << r.detail;
+  EXPECT_EQ(r.outcome, Outcome::in_doubt) << r.detail;
+  EXPECT_FALSE(r.ok());
+  EXPECT_STREQ(job::to_string(r.outcome), "in_doubt");
+  EXPECT_NE(r.detail.find("COMMIT"), std::string::npos) << r.detail;
+
+  // The terminated backend rolled back: the record says not done, and the
+  // next run does the work once.
+  holder.exec("SELECT pg_advisory_unlock(" + key + ")");
+  EXPECT_EQ(holder.exec("SELECT count(*) FROM " + table).rows[0][0], std::optional<std::string>("0"));
+  const auto again = runner.run({.id = "d", .run_id = "r"}, insert);
+  EXPECT_EQ(again.outcome, Outcome::completed) << again.detail;
+  EXPECT_EQ(holder.exec("SELECT count(*) FROM " + table).rows[0][0], std::optional<std::string>("1"));
+}
+
 TEST_F(RunnerTest, HighWithAStaleFenceReportsStaleAndCountsIt) {
   const std::string table = RunnerTest::table("ledger");
   {

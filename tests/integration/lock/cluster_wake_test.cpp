@@ -324,7 +324,7 @@ TEST_F(ClusterWake, ARefusedSsubscribeIsReportedAndTheWaiterPolls) {
   releaser.join();
   EXPECT_TRUE(got.has_value()) << "polling must still find the released lock";
   const Error e = svc->subscriber_error();
-  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
+  EXPECT_EQ(e.code(), errc::permission_denied) << e.what();
   EXPECT_NE(std::string(e.what()).find("NOPERM"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("SSUBSCRIBE"), std::string::npos) << e.what();
   std::lock_guard g(mu);

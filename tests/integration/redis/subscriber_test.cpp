@@ -81,7 +81,7 @@ TEST_F(RedisSubscriber, SubscribeForbiddenByTheAclIsReportedWithTheServersWords)
   ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "the refusal was dropped";
   const Error e = f.get();
   const std::string msg = e.what();
-  EXPECT_EQ(e.code(), errc::auth_failed) << msg;
+  EXPECT_EQ(e.code(), errc::permission_denied) << msg;
   EXPECT_EQ(e.source(), error_source::redis);
   EXPECT_NE(msg.find("NOPERM"), std::string::npos) << msg;
   EXPECT_NE(msg.find(key("ch")), std::string::npos) << msg;
@@ -127,7 +127,7 @@ TEST_F(RedisSubscriber, LockWaiterWithoutPubSubRightsSaysSoAndStillGetsTheLockBy
   EXPECT_TRUE(got.has_value()) << "polling must still find the released lock";
   if (got) got->detach();
   const Error e = svc->subscriber_error();
-  EXPECT_EQ(e.code(), errc::auth_failed) << e.what();
+  EXPECT_EQ(e.code(), errc::permission_denied) << e.what();
   EXPECT_NE(std::string(e.what()).find("NOPERM"), std::string::npos) << e.what();
   EXPECT_TRUE(warnings.any_contains("fall back to polling")) << "the refusal is logged through on_warning";
 }

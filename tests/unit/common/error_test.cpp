@@ -16,6 +16,7 @@ TEST(Error, SortsCodesByWhatTheCallerDoesNext) {
   EXPECT_EQ(jobguard::next_step_for(errc::stale_fence), next_step::restart_attempt);
   EXPECT_EQ(jobguard::next_step_for(errc::invalid_url), next_step::stop);
   EXPECT_EQ(jobguard::next_step_for(errc::auth_failed), next_step::stop);
+  EXPECT_EQ(jobguard::next_step_for(errc::permission_denied), next_step::stop);
   EXPECT_EQ(jobguard::next_step_for(errc::in_doubt), next_step::check_record);
 }
 
@@ -23,6 +24,12 @@ TEST(Error, MessageCarriesCategoryTextAndDetail) {
   jobguard::Error e(errc::invalid_url, "port \"x\" is not a number");
   EXPECT_STREQ(e.what(), "invalid URL: port \"x\" is not a number");
   EXPECT_EQ(e.next(), next_step::stop);
+}
+
+TEST(Error, PermissionDeniedIsNotAnAuthenticationFailure) {
+  const jobguard::Error e(errc::permission_denied, "EVALSHA on jobguard:lock:{k}: NOPERM no permissions");
+  EXPECT_STREQ(e.what(), "permission denied: EVALSHA on jobguard:lock:{k}: NOPERM no permissions");
+  EXPECT_NE(jobguard::make_error_code(errc::permission_denied), jobguard::make_error_code(errc::auth_failed));
 }
 
 TEST(Error, ForeignCodesAreMappedExplicitlyNotRetriedByDefault) {

@@ -27,6 +27,7 @@ TEST(WorkerDecide, EveryOutcomeHasItsAction) {
       {Outcome::lease_lost, Action::leave_pending},
       {Outcome::timed_out, Action::leave_pending},
       {Outcome::stale, Action::leave_pending},
+      {Outcome::in_doubt, Action::leave_pending},
       {Outcome::redis_unavailable, Action::retry_later},
       {Outcome::postgres_unavailable, Action::retry_later},
   };

@@ -459,7 +459,7 @@ TEST(ClassifyErrorReply, SortsServerErrorsByWhatTheCallerDoesNext) {
   auto cls = [](const char* text) { return detail::classify_error_reply(Reply::error_reply(text)); };
   EXPECT_EQ(cls("WRONGPASS invalid username-password pair"), errc::auth_failed);
   EXPECT_EQ(cls("NOAUTH Authentication required."), errc::auth_failed);
-  EXPECT_EQ(cls("NOPERM this user has no permissions"), errc::auth_failed);
+  EXPECT_EQ(cls("NOPERM this user has no permissions"), errc::permission_denied);
   EXPECT_EQ(cls("LOADING Redis is loading the dataset in memory"), errc::server_busy);
   EXPECT_EQ(cls("BUSY Redis is busy running a script"), errc::server_busy);
   EXPECT_EQ(cls("TRYAGAIN Multiple keys request during rehashing"), errc::server_busy);
