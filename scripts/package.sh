@@ -7,7 +7,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-package}
+# Prefix /usr: GNUInstallDirs then picks Debian's multiarch libdir (lib/x86_64-linux-gnu).
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" \
+  -DCMAKE_INSTALL_PREFIX=/usr \
   -DJOBGUARD_WERROR=ON -DJOBGUARD_BUILD_TESTS=OFF -DJOBGUARD_BUILD_BENCH=OFF -DJOBGUARD_BUILD_MAN=ON >/dev/null
 ninja -C "$build" -j "$(nproc)"
 rm -rf "$build/package"

@@ -51,7 +51,8 @@ class EmbeddedPostgres {
   // Makes the cluster on first use (initdb or the template's copy), starts
   // the postmaster and waits until *this* server is ready (its postmaster.pid
   // names our child and says "ready"). Picks another port when the chosen one
-  // was taken meanwhile. Throws jobguard::Error (errc::postgres_unavailable,
+  // was taken meanwhile; every start() picks a new free port().
+  // Throws jobguard::Error (errc::postgres_unavailable,
   // with the server's log) when the binaries are missing or it cannot start.
   void start();
   // Fast shutdown (SIGINT: sessions end, a checkpoint is written), SIGKILL
