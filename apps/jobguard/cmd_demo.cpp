@@ -147,7 +147,7 @@ void print_table(const job::BillingDemoResult& res, const std::string& store) {
 int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
   const bool postgres_given = root->get_option("--postgres")->count() > 0;
   if (postgres_given && a.completions == "memory")
-    throw Error(errc::invalid_argument, "demo: --completions memory and --postgres exclude each other");
+    throw Error(errc::invalid_argument, "--completions memory and --postgres exclude each other");
   job::BillingDemoOptions o;
   o.workers = a.workers;
   o.subscriptions = a.subscriptions;
