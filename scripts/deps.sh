@@ -7,6 +7,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libjemalloc-dev   # the jobguard executable's malloc (CMakeLists.txt, JOBGUARD_JEMALLOC)
+      help2man          # the man page in the Debian package (cmake/Packaging.cmake)
       redis-server redis-tools postgresql-15 openssl
       chromium   # the dashboard's browser test drives Debian's chromium (tests/browser)
       prometheus # promtool checks and unit-tests deploy/prometheus/; the alerts test runs the server

@@ -10,8 +10,13 @@
 #  3. rebuilds what the concurrency tests need under ThreadSanitizer and runs
 #     them (label tsan),
 #  4. builds the libFuzzer harnesses with clang (fuzz/, only the sources they
-#     exercise) and runs each for 30 s, two at a time (scripts/fuzz.sh).
-# The builds of 3 and 4 run in the background, niced, while 2's tests run.
+#     exercise) and runs each for 30 s, two at a time (scripts/fuzz.sh),
+#  5. builds the Debian package (scripts/package.sh: Release, no debug
+#     information, no tests), installs it with dpkg -i, checks it and builds
+#     the consumer projects against the installed files, then removes it
+#     (scripts/package-test.sh).
+# The builds of 3 and 4, and all of 5, run in the background, niced, while
+# 2's tests run.
 # One sanitized build serves the whole suite. A second, unsanitized build ran
 # the same tests again and cost a third of CI's time; it is still here as
 # JOBGUARD_TEST_QUICK=1, and the optimized build is what `scripts/demo.sh` and
@@ -57,7 +62,13 @@ setsid nice -n 19 bash -c '
   ninja -C "$1/build-tsan" jobguard_tsan_tests
   JOBGUARD_FUZZ_BUILD_ONLY=1 bash "$1/scripts/fuzz.sh"' _ "$root" >"$root/build-background.log" 2>&1 &
 background=$!
-trap 'kill -- "-$background" 2>/dev/null || true' EXIT
+echo "== Debian package: build, install, test, remove; in the background ($(date +%T))"
+setsid nice -n 19 bash -c '
+  set -euo pipefail
+  bash "$1/scripts/package.sh"
+  bash "$1/scripts/package-test.sh"' _ "$root" >"$root/build-package.log" 2>&1 &
+package=$!
+trap 'kill -- "-$background" 2>/dev/null || true; kill -- "-$package" 2>/dev/null || true' EXIT
 
 echo "== test (ASan+UBSan) ($(date +%T))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -69,7 +80,13 @@ if ! wait "$background"; then
   echo "the TSan/fuzz build failed (log above)"
   exit 1
 fi
+if ! wait "$package"; then
+  cat "$root/build-package.log"
+  echo "the Debian package's build or test failed (log above)"
+  exit 1
+fi
 trap - EXIT
+tail -n 1 "$root/build-package.log"
 tail -n 3 "$root/build-background.log"
 echo "== test (TSan, concurrency tests) ($(date +%T))"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_suite "$root/build-tsan" -L tsan || status=1

@@ -1,14 +1,23 @@
-// `jobguard demo`: the billing scenario of BRIEF §3, guarded beside naive,
-// on an embedded redis-server unless --redis is given.
+// `jobguard demo`: the billing scenario, guarded beside naive, on an embedded
+// redis-server unless --redis is given, with the guarded run's completion
+// records in an embedded PostgreSQL unless --postgres is given (or the
+// in-process stand-in, when asked for with --completions memory).
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "cli.hpp"
+#include "jobguard/error.hpp"
+#include "jobguard/testing/embedded_postgres.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "billing/demo.hpp"
 
@@ -19,6 +28,56 @@ struct DemoArgs {
   int workers = 8;
   int subscriptions = 120000;
   double scale = 0.01;
+  std::string completions = "postgres";  // postgres | memory
+};
+
+// The embedded servers must not outlive the demo, nor leave their temporary
+// directories behind, when it is interrupted. Their children already die with
+// the process (parent-death signal), but a killed process runs no
+// destructors: SIGINT and SIGTERM are taken by a thread of their own
+// (sigwait) that stops the servers, removes their directories and exits as
+// the signal would have. Blocked before any thread starts so every thread
+// inherits the mask and only that one receives them.
+class InterruptCleanup {
+ public:
+  InterruptCleanup() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    std::thread([this] {
+      int sig = 0;
+      while (sigwait(&set_, &sig) != 0) {
+      }
+      std::lock_guard<std::mutex> g(mu_);
+      if (postgres_ != nullptr || redis_ != nullptr)
+        std::fputs("\njobguard demo: interrupted; stopping and removing the embedded servers\n", stderr);
+      if (postgres_ != nullptr) {
+        postgres_->stop_immediate();
+        std::error_code ec;
+        std::filesystem::remove_all(postgres_->dir(), ec);
+      }
+      if (redis_ != nullptr) {
+        redis_->kill();
+        std::error_code ec;
+        std::filesystem::remove_all(redis_->dir(), ec);
+      }
+      ::_exit(128 + sig);
+    }).detach();  // lives until the process exits: a signal may come at any time
+  }
+  void watch(EmbeddedPostgres* pg, EmbeddedRedis* redis) {
+    std::lock_guard<std::mutex> g(mu_);
+    postgres_ = pg;
+    redis_ = redis;
+  }
+  // Before the servers are destroyed: from here a signal just ends the process.
+  void forget() { watch(nullptr, nullptr); }
+
+ private:
+  sigset_t set_{};
+  std::mutex mu_;
+  EmbeddedPostgres* postgres_ = nullptr;
+  EmbeddedRedis* redis_ = nullptr;
 };
 
 nlohmann::json run_json(const job::BillingRunResult& r) {
@@ -36,7 +95,18 @@ nlohmann::json run_json(const job::BillingRunResult& r) {
           {"ideal_makespan_s", r.ideal_makespan_s}};
 }
 
-void print_table(const job::BillingDemoResult& res, bool postgres) {
+// Where the guarded run's completion records went, for the table's header.
+std::string store_description(const std::string& completions, const EmbeddedPostgres* embedded) {
+  if (completions == "memory")
+    return "an in-process stand-in for PostgreSQL (--completions memory; lost when the demo ends)";
+  if (embedded != nullptr)
+    return fmt::format("PostgreSQL (a private server the demo started on 127.0.0.1:{}, removed afterwards; "
+                       "--postgres URL for your own)",
+                       embedded->port());
+  return "PostgreSQL (--postgres)";
+}
+
+void print_table(const job::BillingDemoResult& res, const std::string& store) {
   const auto& g = res.guarded;
   const auto& n = res.naive;
   auto vs = [](const job::BillingRunResult& r) {
@@ -52,7 +122,7 @@ void print_table(const job::BillingDemoResult& res, bool postgres) {
                      res.redis_restarted ? "a Redis restart without persistence" : "(no Redis restart: external Redis)");
   out += fmt::format("Guarded run: GuardedRunner, lock class 'billing' (moderate, long-running, fenced, fail-closed); "
                      "completion records in {}\n\n",
-                     postgres ? "PostgreSQL" : "an in-process stand-in for PostgreSQL (give --postgres URL for the real one)");
+                     store);
   out += fmt::format("  {:<34} {:>18} {:>18}\n", "", "guarded", "naive");
   out += fmt::format("  {:<34} {:>18} {:>18}\n", "double charges", g.double_charges, n.double_charges);
   out += fmt::format("  {:<34} {:>18} {:>18}\n", "missing subscriptions", g.missing, n.missing);
@@ -75,17 +145,41 @@ void print_table(const job::BillingDemoResult& res, bool postgres) {
 }
 
 int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
+  const bool postgres_given = root->get_option("--postgres")->count() > 0;
+  if (postgres_given && a.completions == "memory")
+    throw Error(errc::invalid_argument, "--completions memory and --postgres exclude each other");
   job::BillingDemoOptions o;
   o.workers = a.workers;
   o.subscriptions = a.subscriptions;
   o.scale = a.scale;
-  // The durable completion records of the guarded run.
-  if (root->get_option("--postgres")->count() > 0) o.postgres_url = g.postgres_url;
+  // Never destroyed: its thread may take a signal until the process exits.
+  static InterruptCleanup& cleanup = *new InterruptCleanup();
+  // The durable completion records of the guarded run: the given PostgreSQL,
+  // else a private one, unless the stand-in was asked for.
+  std::optional<EmbeddedPostgres> embedded_pg;
   std::optional<EmbeddedRedis> embedded;
+  struct Forget {
+    InterruptCleanup& c;
+    ~Forget() { c.forget(); }
+  } forget{cleanup};  // declared after the servers: runs before their destructors
+  if (postgres_given) {
+    o.postgres_url = g.postgres_url;
+  } else if (a.completions == "postgres") {
+    embedded_pg.emplace();
+    cleanup.watch(&*embedded_pg, nullptr);
+    // On stderr in --json mode too: it says what runs and where.
+    std::fputs(fmt::format("jobguard demo: starting a private PostgreSQL for the completion records (initdb in {})\n",
+                           embedded_pg->dir())
+                   .c_str(),
+               stderr);
+    embedded_pg->start();
+    o.postgres_url = embedded_pg->url();
+  }
   if (root->get_option("--redis")->count() > 0) {
     o.redis_url = g.redis_url;
   } else {
     embedded.emplace();
+    cleanup.watch(embedded_pg ? &*embedded_pg : nullptr, &*embedded);
     embedded->start();
     o.redis_url = embedded->url();
     o.restartable = &*embedded;
@@ -111,6 +205,9 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
                      {"scale", res.scale},
                      {"redis_restarted", res.redis_restarted},
                      {"completion_store", o.postgres_url.empty() ? "memory" : "postgres"},
+                     {"postgres", o.postgres_url.empty()  ? "none"
+                                  : embedded_pg           ? "embedded"
+                                                          : "given"},
                      {"guarded", run_json(res.guarded)},
                      {"naive", run_json(res.naive)},
                      {"metrics",
@@ -122,7 +219,7 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
                        {"redis_errors", res.redis_errors}}}};
     std::fputs((j.dump(2) + "\n").c_str(), stdout);
   } else {
-    print_table(res, !o.postgres_url.empty());
+    print_table(res, store_description(a.completions, embedded_pg ? &*embedded_pg : nullptr));
   }
   return exit_code::ok;
 }
@@ -137,10 +234,18 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   sub->add_option("--scale", args->scale, "Multiplies every charge time (200 ms avg, slowest 1% 8 s)")
       ->capture_default_str()
       ->check(CLI::Range(0.0001, 10.0));
+  sub->add_option("--completions", args->completions,
+                  "Where the guarded run keeps its completion records: postgres (the --postgres URL, else a private "
+                  "server) or memory (an in-process stand-in)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"postgres", "memory"}));
   sub->footer(exit_status_help(
       "Starts a private redis-server unless --redis is given (then the Redis restart fault is skipped).\n"
-      "With --postgres URL the guarded run keeps its completion records in PostgreSQL (migrated first).\n"
-      "Exit status: 0 the scenario ran (its report says how each side did)."));
+      "The guarded run keeps its completion records in PostgreSQL: the --postgres URL (migrated first), else a\n"
+      "private server the demo starts (initdb in a temporary directory, PostgreSQL 15 from\n"
+      "/usr/lib/postgresql/15/bin, a free loopback port) and stops and removes when it ends or is interrupted.\n"
+      "Exit status: 0 the scenario ran (its report says how each side did); 130/143 interrupted by\n"
+      "SIGINT/SIGTERM (the private servers stopped and removed)."));
   CLI::App* rootp = &root;
   out.emplace_back(sub, [rootp, &g, args] { return demo(rootp, g, *args); });
 }

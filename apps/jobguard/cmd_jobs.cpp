@@ -388,7 +388,9 @@ void add_jobs(CLI::App& root, Globals& g, Commands& out) {
   auto add_args = std::make_shared<AddArgs>();
   auto* add = jobs->add_subcommand("add", "Enqueue one job (XADD); prints its id");
   add->fallthrough();
-  add->footer(exit_status_help("Exit status: 0 enqueued (its id printed)."));
+  add->footer(exit_status_help(
+      "Exit status: 0 enqueued (its id printed), or with --unique and --on-conflict log nothing added;\n"
+      "75 --unique: already enqueued (nothing added; the holder named)."));
   add->add_option("--stream", add_args->stream, "Stream key (required)")->required();
   add->add_option("--group", add_args->group, "Consumer group (created if missing)")->capture_default_str();
   add->add_option("--unique", add_args->unique,

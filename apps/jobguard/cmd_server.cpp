@@ -134,7 +134,7 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   server->fallthrough();
   auto a = std::make_shared<TrustArgs>();
   auto* trust = server->add_subcommand("trust", "Record a Redis just provisioned as intact: no first-minute quarantine");
-  trust->footer(kTrustHelp);
+  trust->footer(exit_status_help(kTrustHelp));
   trust->fallthrough();
   trust->add_option("--reason", a->reason, "Why: kept in the lock-state record and the log line");
   trust->add_flag("--force", a->force, "Trust it in spite of signs of having served locks (they are recorded)");

@@ -2,7 +2,8 @@
 // needs one part includes that part's headers instead (a lock user:
 // <jobguard/lock.hpp>, <jobguard/lease.hpp>) and compiles faster.
 //
-// Not here: <jobguard/testing/embedded_redis.hpp> (the test fixture, target
+// Not here: <jobguard/testing/embedded_redis.hpp> and
+// <jobguard/testing/embedded_postgres.hpp> (the test fixtures, target
 // jobguard::testing) and <jobguard/observe/json.hpp> (pulls in nlohmann/json).
 // The consumer test (tests/consumer) fails when a header is neither here nor
 // named in this comment.

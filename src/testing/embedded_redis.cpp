@@ -11,55 +11,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <condition_variable>
 #include <filesystem>
-#include <functional>
-#include <mutex>
 #include <thread>
 
 #include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
+#include "testing/spawn.hpp"
 
 namespace jobguard {
-namespace {
-
-// PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not
-// the process. A server started from a short-lived thread (a test worker
-// thread that first touched a lazily started fixture) was killed when that
-// thread ended. So every fork happens on one thread that lives as long as the
-// process: the death signal then means exactly "the process died".
-pid_t on_spawner_thread(const std::function<pid_t()>& fork_fn) {
-  struct Spawner {
-    std::mutex mu;
-    std::condition_variable cv;
-    const std::function<pid_t()>* job = nullptr;
-    pid_t result = -1;
-    bool done = false;
-    Spawner() {
-      std::thread([this] {
-        std::unique_lock<std::mutex> g(mu);
-        for (;;) {
-          cv.wait(g, [this] { return job != nullptr; });
-          result = (*job)();
-          job = nullptr;
-          done = true;
-          cv.notify_all();
-        }
-      }).detach();
-    }
-  };
-  static Spawner* sp = new Spawner();  // never destroyed: its thread runs until exit
-  static std::mutex one_at_a_time;
-  std::lock_guard<std::mutex> serial(one_at_a_time);
-  std::unique_lock<std::mutex> g(sp->mu);
-  sp->done = false;
-  sp->job = &fork_fn;
-  sp->cv.notify_all();
-  sp->cv.wait(g, [&] { return sp->done; });
-  return sp->result;
-}
-
-}  // namespace
+using testing_detail::on_spawner_thread;
 
 std::uint16_t pick_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

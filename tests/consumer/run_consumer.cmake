@@ -1,6 +1,13 @@
 # cmake -DSTEP=... -DBUILD_DIR=... -DWORK_DIR=... [-DSOURCE_DIR=...] -DREADME=... -P run_consumer.cmake
 # One step of the consumer tests (tests/consumer/CMakeLists.txt).
-set(prefix ${WORK_DIR}/prefix)
+# With -DPREFIX=/usr the steps build against jobguard installed there (the
+# Debian package: scripts/package-test.sh), STEP=installed instead of
+# STEP=install, and no BUILD_DIR is needed.
+if(DEFINED PREFIX)
+  set(prefix ${PREFIX})
+else()
+  set(prefix ${WORK_DIR}/prefix)
+endif()
 
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -42,9 +49,11 @@ function(readme_block marker lang out_var)
   set(${out_var} "${block}" PARENT_SCOPE)
 endfunction()
 
-if(STEP STREQUAL "install")
+if(STEP STREQUAL "install" OR STEP STREQUAL "installed")
   file(REMOVE_RECURSE ${WORK_DIR})
-  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+  if(STEP STREQUAL "install")
+    run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+  endif()
   # The umbrella header names every installed header but the ones it says it leaves out.
   file(READ ${prefix}/include/jobguard/jobguard.hpp umbrella)
   file(GLOB_RECURSE headers RELATIVE ${prefix}/include ${prefix}/include/jobguard/*.hpp)

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "jobguard/testing/embedded_postgres.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 
 namespace jobguard::test {
@@ -64,9 +65,8 @@ std::string template_cluster() {
     const std::string mine = fmt::format("{}.{}", tmpl.string(), ::getpid());
     std::error_code ec;
     std::filesystem::remove_all(mine, ec);
-    run_command_or_throw(as_postgres({std::string(kBin) + "initdb", "-D", mine, "-U", "postgres", "--auth=trust",
-                                      "--no-sync", "-E", "UTF8", "--locale=C"}),
-                         "initdb");
+    // The same cluster `jobguard demo`'s embedded PostgreSQL makes.
+    EmbeddedPostgres::initdb(mine);
     if (::rename(mine.c_str(), tmpl.c_str()) != 0) {
       // Another test process got there first: theirs is as good as ours.
       std::filesystem::remove_all(mine, ec);

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# scripts/package.sh [BUILD_DIR]: builds the Debian package (cmake/Packaging.cmake)
+# from a Release build of its own (default build-package/): -O2 without debug
+# information, only what the package holds (the libraries, the CLI and its
+# man page; no tests, no benchmarks), warnings as errors. Prints the .deb's
+# path as its last line. scripts/package-test.sh installs and tests it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-package}
+# Prefix /usr: GNUInstallDirs then picks Debian's multiarch libdir (lib/x86_64-linux-gnu).
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG" \
+  -DCMAKE_INSTALL_PREFIX=/usr \
+  -DJOBGUARD_WERROR=ON -DJOBGUARD_BUILD_TESTS=OFF -DJOBGUARD_BUILD_BENCH=OFF -DJOBGUARD_BUILD_MAN=ON >/dev/null
+ninja -C "$build" -j "$(nproc)"
+rm -rf "$build/package"
+(cd "$build" && cpack -G DEB -B "$build/package" >/dev/null)
+deb=$(ls "$build"/package/jobguard_*.deb)
+dpkg-deb --info "$deb" | sed -n '/Package:/,$p' | grep -E '^ (Package|Version|Architecture|Depends|Installed-Size):'
+echo "$deb"
