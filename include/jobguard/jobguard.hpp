@@ -46,6 +46,8 @@
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/job/supervisor.hpp"
+#include "jobguard/job/limits.hpp"
+#include "jobguard/job/unique.hpp"
 #include "jobguard/job/worker.hpp"
 #include "jobguard/observe/dashboard.hpp"  // compiled into jobguard::job (it reads locks, streams, the catalog)
 #include "jobguard/observe/doctor.hpp"  // compiled into jobguard::job (it checks PostgreSQL too)
