@@ -246,7 +246,9 @@ TEST(ServerTrustCluster, AClusterCreatedAMomentAgoIsTrustedOnEveryPrimaryThenRun
 
   auto again = run_jobguard({"--redis", cluster.url(), "--json", "server", "trust"}, 60s);
   ASSERT_EQ(again.status, 0) << again.err;  // every record already says intact
-  for (const auto& s : json::parse(again.out).at("servers")) EXPECT_EQ(s.at("outcome"), "already") << again.out;
+  // Named: a range-for over .at() of a temporary would read it after it is gone.
+  const auto report = json::parse(again.out);
+  for (const auto& s : report.at("servers")) EXPECT_EQ(s.at("outcome"), "already") << again.out;
 }
 
 TEST(ServerTrustCluster, OneShardWithSignsRefusesEveryShard) {
