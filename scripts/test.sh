@@ -72,6 +72,7 @@ trap 'kill -- "-$background" 2>/dev/null || true; kill -- "-$package" 2>/dev/nul
 
 echo "== test (ASan+UBSan) ($(date +%T))"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
   run_suite "$root/build-asan" || status=1
 
 echo "== waiting for the background builds ($(date +%T))"

@@ -19,6 +19,7 @@
 #include <cctype>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "job/awaiting.hpp"
 #include "jobguard/error.hpp"
@@ -209,6 +210,8 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
   redis::Client& client;
   std::unique_ptr<redis::Client> reader;
   StreamSource source;
+  // Entry ids read ahead or in flight (the loop thread only).
+  std::set<std::string> held;
   GuardedRunner& runner;
   AsyncJobEffect async_effect;
   JobEffect sync_effect;
@@ -338,7 +341,14 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         continue;
       }
       last_activity = Clock::now();
-      for (auto& j : jobs) ready.push_back(std::move(j));
+      for (auto& j : jobs) {
+        // A job of ours that ran past claim_idle comes back from our own
+        // reclaim scan while it is still in hand: a second run beside the
+        // first would find its own lock busy, or its record and count the
+        // same entry twice. It stays ours in the group either way.
+        if (!held.insert(j.id).second) continue;
+        ready.push_back(std::move(j));
+      }
       start_next();
     }
     // Jobs in flight finish before the worker returns. Read-ahead jobs do not
@@ -346,7 +356,10 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     // back to the group for the next reclaim scan. At max_jobs there are none.
     if (soft.stop_requested() && !ready.empty()) {
       std::vector<std::string> ids;
-      for (auto& j : ready) ids.push_back(j.id);
+      for (auto& j : ready) {
+        held.erase(j.id);
+        ids.push_back(j.id);
+      }
       ready.clear();
       try {
         co_await source.async_hand_back(o.consumer, std::move(ids));
@@ -658,6 +671,7 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         // A caller's bookkeeping must not take the worker down.
       }
     }
+    held.erase(job.id);
     --acting;
     last_activity = Clock::now();
     wake.cancel();

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -45,7 +46,14 @@ TEST_F(RateCli, FourWorkersOneRestartedKeepTheSharedRateAndLoseNoJob) {
                   log};
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int i = 0; i < 4; ++i) workers.push_back(std::make_unique<Subprocess>(work));
-  std::this_thread::sleep_for(std::chrono::milliseconds(seconds * 500));
+  // Mid-run: a quarter of the jobs started (by then every worker is past its
+  // start-up and has its signal handlers).
+  const auto started = [&] {
+    if (!std::filesystem::exists(log)) return 0L;
+    const std::string text = read_file(log);
+    return static_cast<long>(std::count(text.begin(), text.end(), '\n'));
+  };
+  ASSERT_TRUE(eventually([&] { return started() >= jobs / 4; }, std::chrono::seconds(seconds * 10 + 30)));
   workers[0]->signal(SIGTERM);  // a deploy: its jobs in flight stay pending and are taken over
   const auto stopped = workers[0]->wait_or_kill(20s);
   EXPECT_EQ(stopped.status, 0) << stopped.err;
