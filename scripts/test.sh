@@ -68,6 +68,8 @@ setsid nice -n 19 bash -c '
   bash "$1/scripts/package.sh"
   bash "$1/scripts/package-test.sh"' _ "$root" >"$root/build-package.log" 2>&1 &
 package=$!
+# A group that already ended makes kill fail: nothing to stop. The jobs' own
+# results are read by the `wait`s below, not here.
 trap 'kill -- "-$background" 2>/dev/null || true; kill -- "-$package" 2>/dev/null || true' EXIT
 
 echo "== test (ASan+UBSan) ($(date +%T))"

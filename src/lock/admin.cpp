@@ -29,16 +29,6 @@ const redis::Script& force_release_script() {
   return s;
 }
 
-// SCAN MATCH is a glob: a resource prefix holding '*', '?', '[', ']' or '\'
-// must match those bytes literally.
-std::string glob_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
 
 std::int64_t to_i64(std::string_view s) {
   std::int64_t v = 0;
@@ -138,7 +128,7 @@ ListResult list_locks(LockService& service, const ListOptions& opts) {
   if (service.client().running_in_loop_thread())
     throw Error(errc::invalid_argument, "list_locks: blocking call on the Redis client's event-loop thread");
   const auto& keys = service.keys();
-  const std::string match = glob_escape(keys.prefix() + ":lock:{" + opts.prefix) + "*}";
+  const std::string match = ::jobguard::detail::glob_escape(keys.prefix() + ":lock:{" + opts.prefix) + "*}";
   ListResult res;
   // On a Redis Cluster each primary is scanned in turn; the locks found are
   // inspected through the cluster client, each on its own slot's node.
@@ -225,7 +215,7 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
   // (force_release): the newest `count` of each, merged newest first.
   std::vector<std::string> streams = {audit_key(service.keys())};
   if (client.options().cluster)
-    scan_everywhere(client, glob_escape(service.keys().prefix() + ":audit:{") + "*}", 1000, nullptr,
+    scan_everywhere(client, ::jobguard::detail::glob_escape(service.keys().prefix() + ":audit:{") + "*}", 1000, nullptr,
                     [&](const std::vector<redis::Reply>& found) {
                       for (const auto& k : found) streams.push_back(k.str);
                       return true;
@@ -320,3 +310,14 @@ std::string append_audit(LockService& service, const AuditRecord& record, std::s
 
 }  // namespace admin
 }  // namespace jobguard
+
+namespace jobguard::detail {
+std::string glob_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+}  // namespace jobguard::detail

@@ -15,6 +15,7 @@
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/text.hpp"
+#include "lock/inspect_internal.hpp"
 #include "lock/quarantine.hpp"
 
 namespace jobguard {
@@ -29,14 +30,6 @@ const redis::Script& script_trust() {
   return s;
 }
 
-std::string glob_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
 
 // Enough to say "served locks"; walking on would only make a refusal slower.
 constexpr std::size_t kMaxKeysCounted = 1000;
@@ -74,7 +67,7 @@ bool is_lock_state_record(std::string_view key) {
 
 // "" when no key but the lock-state record lives under "<prefix>:" on this node.
 std::string keys_sign(redis::Client& client, const Target& t, const TrustOptions& o) {
-  const std::string match = glob_escape(o.key_prefix) + ":*";
+  const std::string match = ::jobguard::detail::glob_escape(o.key_prefix) + ":*";
   const std::string count = std::to_string(o.scan_count);
   std::size_t found = 0;
   std::vector<std::string> samples;
