@@ -34,6 +34,11 @@ declare -A top=([error.hpp]=common [duration.hpp]=common [clock.hpp]=common [tex
                 [version.hpp]=common [lock.hpp]=lock [lease.hpp]=lock [admin.hpp]=lock [semaphore.hpp]=lock
                 [async.hpp]=lock [quorum.hpp]=lock)
 
+# The contracts between parts (include/jobguard/detail/), by the part that
+# defines them.
+declare -A detail=([identity.hpp]=common [lock_compose.hpp]=lock [guard_scripts.hpp]=guard
+                   [completion_parts.hpp]=guard)
+
 # Known edges that look upward and are not: pg's public header sits in the
 # guard folder and declares the value types (PgOptions, FenceCompare,
 # FenceOutcome) that guard's own headers use; pg's classes declared next to
@@ -94,6 +99,7 @@ for file in "${files[@]}"; do
   case $file in
     *.cpp) part[$file]=${target_of[$file]:-?} ;;
     include/jobguard/jobguard.hpp) part[$file]=umbrella ;;
+    include/jobguard/detail/*) part[$file]=${detail[${file##*/}]:-?} ;;
     include/jobguard/*/*)
       dir=${file#include/jobguard/}; dir=${dir%%/*}; stem=${file##*/}; stem=${stem%.hpp}
       part[$file]=${target_of[src/$dir/$stem.cpp]:-$dir} ;;

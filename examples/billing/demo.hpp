@@ -1,4 +1,4 @@
-// The billing scenario of BRIEF §3 as a library call: N subscriptions charged
+// The billing scenario of `jobguard demo` as a library call: N subscriptions charged
 // in chunks by W workers that take jobs from a Redis Stream, once guarded
 // (lease-renewed fenced lock per chunk, idempotency key per charge,
 // completion record per chunk) and once naive (plain lock with a fixed TTL,

@@ -185,6 +185,11 @@ std::string audit_key(const KeyBuilder& keys);
 // release of `resource` is recorded in, in the resource's slot (its script
 // writes the record with the release). read_audit reads them all.
 std::string audit_key(const KeyBuilder& keys, std::string_view resource);
+// The hash in which every client of a single server keeps the server's lock
+// state (its epoch, a quarantine's end and reason, the clock steps seen),
+// for tools that read it; only the lock part writes it. On a Redis Cluster
+// each primary keeps its own, in a slot of that primary's.
+std::string_view lock_state_key() noexcept;
 // "$USER@hostname" (the login name from the password database when $USER is unset).
 std::string default_who();
 

@@ -1,4 +1,4 @@
-#include "common/identity.hpp"
+#include "jobguard/detail/identity.hpp"
 
 #include <fmt/format.h>
 #include <pthread.h>

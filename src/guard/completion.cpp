@@ -7,12 +7,20 @@
 #include <fmt/format.h>
 
 #include "guard/async_internal.hpp"
-#include "guard/completion_internal.hpp"
-#include "guard/scripts.hpp"
+#include "jobguard/detail/completion_parts.hpp"
+#include "jobguard/detail/guard_scripts.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::guard {
+
+void detail::check_parts(std::string_view kind, std::string_view entity, std::string_view run_id) {
+  if (kind.empty() || entity.empty() || run_id.empty())
+    throw Error(errc::invalid_argument,
+                fmt::format("completion record needs a job kind, an entity and a run id (got \"{}\", \"{}\", \"{}\")",
+                            kind, entity, run_id));
+}
+
 namespace {
 
 using detail::check_parts;
@@ -43,6 +51,7 @@ RedisCompletionStore::RedisCompletionStore(redis::Client& client, RedisCompletio
 
 std::string RedisCompletionStore::key_for(std::string_view job_kind, std::string_view entity,
                                           std::string_view run_id) const {
+  check_parts(job_kind, entity, run_id);
   std::string k;
   k.reserve(opts_.prefix.size() + job_kind.size() + entity.size() + run_id.size() + 8);
   k.append(opts_.prefix);
@@ -140,7 +149,6 @@ void CompletionStore::async_find(std::string_view, std::string_view, std::string
 
 RecordOutcome RedisCompletionStore::record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                                            std::string_view completed_by, std::string_view result) {
-  check_parts(job_kind, entity, run_id);
   auto r = client_.eval(record_script(), {key_for(job_kind, entity, run_id)},
                         {std::string(completed_by), std::string(result), std::to_string(opts_.retention.count())},
                         {opts_.timeout});
@@ -149,7 +157,6 @@ RecordOutcome RedisCompletionStore::record(std::string_view job_kind, std::strin
 
 std::optional<CompletionRecord> RedisCompletionStore::find(std::string_view job_kind, std::string_view entity,
                                                            std::string_view run_id) {
-  check_parts(job_kind, entity, run_id);
   const std::string key = key_for(job_kind, entity, run_id);
   redis::Reply r;
   try {
@@ -165,8 +172,9 @@ std::optional<CompletionRecord> RedisCompletionStore::find(std::string_view job_
 void RedisCompletionStore::async_record(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                                         std::string_view completed_by, std::string_view result,
                                         Done<RecordOutcome> done) {
-  if (!checked(done, [&] { check_parts(job_kind, entity, run_id); })) return;
-  client_.async_eval(record_script(), {key_for(job_kind, entity, run_id)},
+  std::string key;
+  if (!checked(done, [&] { key = key_for(job_kind, entity, run_id); })) return;
+  client_.async_eval(record_script(), {std::move(key)},
                      {std::string(completed_by), std::string(result), std::to_string(opts_.retention.count())},
                      reporting<RecordOutcome>(client_, std::move(done),
                                               [k = std::string(job_kind), e = std::string(entity),
@@ -178,8 +186,8 @@ void RedisCompletionStore::async_record(std::string_view job_kind, std::string_v
 
 void RedisCompletionStore::async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                                       Done<std::optional<CompletionRecord>> done) {
-  if (!checked(done, [&] { check_parts(job_kind, entity, run_id); })) return;
-  std::string key = key_for(job_kind, entity, run_id);
+  std::string key;
+  if (!checked(done, [&] { key = key_for(job_kind, entity, run_id); })) return;
   auto found = [this, done = std::move(done), key, k = std::string(job_kind), e = std::string(entity),
                 id = std::string(run_id)](std::error_code ec, redis::Reply r) mutable {
     if (is_legacy(r)) {

@@ -2,9 +2,9 @@
 
 #include <array>
 
-#include "common/identity.hpp"
+#include "jobguard/detail/identity.hpp"
 #include "guard/async_internal.hpp"
-#include "guard/scripts.hpp"
+#include "jobguard/detail/guard_scripts.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/idempotency.hpp"
 #include "jobguard/redis/client.hpp"

@@ -10,9 +10,9 @@
 #include <string_view>
 #include <utility>
 
-#include "guard/scripts.hpp"
+#include "jobguard/detail/guard_scripts.hpp"
 #include "jobguard/error.hpp"
-#include "lock/composed.hpp"
+#include "jobguard/detail/lock_compose.hpp"
 
 namespace jobguard::job {
 namespace job_scripts {

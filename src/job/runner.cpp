@@ -19,10 +19,9 @@
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
-#include "guard/completion_internal.hpp"
 #include "job/awaiting.hpp"
 #include "job/fused.hpp"
-#include "lock/composed.hpp"
+#include "jobguard/detail/lock_compose.hpp"
 
 namespace jobguard::job {
 namespace {
@@ -646,7 +645,6 @@ awaitable<GuardedRunner::FusedClaim> GuardedRunner::one_call_claim(Attempt& a, c
   ::jobguard::detail::ComposedResult res;
   std::string idem_key;
   try {
-    guard::detail::check_parts(cls_.name, a.resource, unit.run_id);
     ::jobguard::detail::ComposedAttempt c;
     c.script = &detail::claim_script();
     c.eval = [b = fused_->claims](std::vector<std::string> k, std::vector<std::string> v, redis::Completion d,

@@ -15,6 +15,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 #include "lock/inspect_internal.hpp"
+#include "lock/quarantine.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -307,6 +308,8 @@ std::string append_audit(LockService& service, const AuditRecord& record, std::s
                      "who", who, "reason", record.reason};
   return service.client().exec(std::move(cmd)).str;
 }
+
+std::string_view lock_state_key() noexcept { return detail::kLockStateKey; }
 
 }  // namespace admin
 }  // namespace jobguard

@@ -1,4 +1,4 @@
-#include "lock/composed.hpp"
+#include "jobguard/detail/lock_compose.hpp"
 
 #include <fmt/format.h>
 

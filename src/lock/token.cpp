@@ -2,7 +2,7 @@
 
 #include <array>
 
-#include "common/identity.hpp"
+#include "jobguard/detail/identity.hpp"
 
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"

@@ -21,7 +21,7 @@
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/text.hpp"
-#include "observe/dashboard_internal.hpp"
+#include "dashboard_internal.hpp"
 
 namespace jobguard {
 namespace dashboard_assets {

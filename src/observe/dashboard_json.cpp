@@ -6,7 +6,7 @@
 #include "jobguard/job/catalog.hpp"
 #include "jobguard/observe/json.hpp"
 #include "jobguard/text.hpp"
-#include "observe/dashboard_internal.hpp"
+#include "dashboard_internal.hpp"
 
 namespace jobguard::observe::dash {
 namespace {

@@ -11,10 +11,10 @@
 #include <map>
 #include <sstream>
 
+#include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/redis/script.hpp"
-#include "lock/quarantine.hpp"
 
 namespace jobguard::observe {
 namespace {
@@ -438,7 +438,7 @@ std::string format_server_ms(std::int64_t ms) {
 // locks early and cost a quarantine. `steps` gets the count for the gauges.
 CheckResult clock_steps_check(redis::Client& c, std::int64_t& steps) {
   if (c.options().cluster) return ok("clock_steps", "not read on a cluster (lock clients do not watch its clocks)");
-  const auto r = c.exec(redis::Command{"HMGET", detail::kLockStateKey, "clock_steps", "clock_step_last"});
+  const auto r = c.exec(redis::Command{"HMGET", admin::lock_state_key(), "clock_steps", "clock_step_last"});
   if (!r.is_array() || r.elements.size() != 2) return fail("clock_steps", "unexpected HMGET reply", "see the error");
   steps = r.elements[0].is_string() ? to_i64(r.elements[0].str) : 0;
   if (steps == 0) return ok("clock_steps", "no step of the server's clock found by lock clients");
@@ -554,7 +554,7 @@ RedisFacts watch_redis(redis::Client& c, const DoctorOptions& o) {
     try {
       // Read only: epoch.lua (which the lock clients run) is what starts a
       // quarantine; the watcher must not start one by looking.
-      auto rec = c.exec(redis::Command{"HMGET", detail::kLockStateKey, "id", "until", "reason"});
+      auto rec = c.exec(redis::Command{"HMGET", admin::lock_state_key(), "id", "until", "reason"});
       auto t = c.exec(redis::Command{"TIME"});
       if (rec.is_array() && rec.elements.size() == 3 && t.is_array() && t.elements.size() == 2) {
         f.lock_state_read = true;

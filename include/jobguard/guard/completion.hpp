@@ -106,6 +106,7 @@ class RedisCompletionStore final : public CompletionStore {
                     std::string_view completed_by, std::string_view result, Done<RecordOutcome> done) override;
   void async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                   Done<std::optional<CompletionRecord>> done) override;
+  // Throws Error(invalid_argument) when a part is empty.
   std::string key_for(std::string_view job_kind, std::string_view entity, std::string_view run_id) const;
   // Internal, for the guarded runner's one-call claim and finish (src/job),
   // which read and write records inside its own scripts.

@@ -15,7 +15,7 @@
 //       .protects = "the card charge of one invoice",
 //   };
 //
-// The decision matrix (BRIEF §1) it enforces:
+// The decision matrix (docs/runner.md) it enforces:
 //   low       high volume, a repeat is cheap       Redis lock with TTL
 //   moderate  retryable side effect                Redis lock + idempotency key
 //   high      durable state transition             PostgreSQL advisory lock + completion

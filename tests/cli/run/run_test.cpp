@@ -1,5 +1,5 @@
 // `jobguard run` as users run it: the real binary, a real redis-server per
-// test, real child processes and signals. Each exit status of BRIEF section 2
+// test, real child processes and signals. Each exit status `jobguard run --help` lists
 // has a test here.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/identity.hpp"
+#include "jobguard/detail/identity.hpp"
 #include "jobguard/guard/idempotency.hpp"
 
 namespace jd = jobguard::detail;

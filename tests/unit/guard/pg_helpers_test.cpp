@@ -1,7 +1,7 @@
 // PostgreSQL helpers that need no server: the advisory-key hash and conninfo.
 #include <gtest/gtest.h>
 
-#include "guard/pg_internal.hpp"
+#include "pg/pg_internal.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 

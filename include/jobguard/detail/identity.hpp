@@ -1,4 +1,5 @@
-// Internal to the library: what a token or an owner name is made of — this
+// Shared by the library's parts (include/jobguard/detail/, not installed), not an
+// application API: what a token or an owner name is made of — this
 // process's pid, the host's name, and unguessable bytes — cheaply enough to
 // make one per job (src/lock/token.cpp, src/guard/idempotency_redis.cpp).
 #pragma once

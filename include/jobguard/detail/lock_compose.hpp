@@ -1,4 +1,5 @@
-// Internal to the library (src/job's guarded runner uses it): a lock's grant
+// Shared by the library's parts (include/jobguard/detail/, not installed), not an
+// application API; the guarded runner (job) composes with it. A lock's grant
 // or release in the same script call as the caller's own work, so a guarded
 // job's claim (completion record check + grant + idempotency key) and its
 // finish (key completed + record + release) are one round trip each instead

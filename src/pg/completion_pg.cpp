@@ -1,8 +1,8 @@
 // PgCompletionStore: the PostgreSQL half of completion.hpp (target jobguard::pg).
 #include <fmt/format.h>
 
-#include "guard/completion_internal.hpp"
-#include "guard/pg_internal.hpp"
+#include "jobguard/detail/completion_parts.hpp"
+#include "pg/pg_internal.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 

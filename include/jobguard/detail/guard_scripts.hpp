@@ -1,5 +1,8 @@
-// The embedded Lua sources (generated from scripts/*.lua) and their Script
-// objects, built once. Private to src/guard.
+// guard's Lua sources (src/guard/scripts/*.lua, embedded at build time), as
+// pieces a script of a part above guard is composed from (the guarded
+// runner's one-call claim and finish), so the formats of the idempotency key
+// and the completion record are written once. Shared by the library's parts
+// (include/jobguard/detail/, not installed), not an application API.
 #pragma once
 
 #include <string>

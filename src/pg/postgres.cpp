@@ -6,8 +6,8 @@
 
 #include <pqxx/pqxx>
 
-#include "guard/pg_errors.hpp"
-#include "guard/pg_internal.hpp"
+#include "pg/pg_errors.hpp"
+#include "pg/pg_internal.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/text.hpp"
 

@@ -1,6 +1,6 @@
 #include <fmt/format.h>
 
-#include "guard/pg_internal.hpp"
+#include "pg/pg_internal.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/idempotency.hpp"
 

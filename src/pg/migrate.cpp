@@ -2,8 +2,8 @@
 
 #include <pqxx/pqxx>
 
-#include "guard/pg_errors.hpp"
-#include "guard/pg_internal.hpp"
+#include "pg/pg_errors.hpp"
+#include "pg/pg_internal.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 
