@@ -315,7 +315,12 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         co_await reap_unique();
       }
       // Room: a free slot for each job not running, and as many read ahead.
-      std::int64_t room = 2 * o.concurrency - in_flight - static_cast<std::int64_t>(ready.size());
+      // Not with limits: a job read ahead waits behind the slots that wait
+      // for their turn, untouched (keep_held touches only those), and would
+      // look stalled to the other workers' reclaim scans; the limits, not
+      // a read's round trip, set the pace then.
+      const std::int64_t ahead = o.rates.empty() && o.concurrency_per.empty() ? o.concurrency : 0;
+      std::int64_t room = o.concurrency + ahead - in_flight - static_cast<std::int64_t>(ready.size());
       room = std::min(room, wanted());
       if (room <= 0) {
         co_await wait_on(wake, Clock::time_point::max());
@@ -414,10 +419,28 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
                                    .extra = {{"message", std::string("its job left the queue without releasing it")}}});
   }
 
+  // A job that waits for a limit is pending with us but not started: without
+  // a touch now and then, another worker's reclaim scan would take it over
+  // as stalled after claim_idle and run it a second time (which, waiting for
+  // the same limits, spends a turn of theirs on a run that then finds the job
+  // done). False when it is no longer ours: stop waiting, the new holder has
+  // it. A touch that fails (Redis away) is not that: the wait goes on, and
+  // the limit's own call meets the outage.
+  awaitable<bool> keep_held(const StreamJob& job, Clock::time_point& last_touch) {
+    if (Clock::now() - last_touch < source.options().claim_idle / 3) co_return true;
+    last_touch = Clock::now();
+    try {
+      co_return co_await source.async_touch(o.consumer, job.id);
+    } catch (const std::exception&) {
+      co_return true;
+    }
+  }
+
   // Waits until every rate limit lets `job` start. Empty when it may; else
   // why it may not start now (stopping, or Redis unreachable: the job is
   // then left for later, as any run that meets a backend down).
-  awaitable<std::optional<std::string>> pass_rates(const StreamJob& job) {
+  awaitable<std::optional<std::string>> pass_rates(const StreamJob& job, Clock::time_point& last_touch,
+                                                    bool& taken_over) {
     static const redis::Script take{std::string(job_scripts::rate_take)};
     for (const auto& rate : o.rates) {
       const std::string value = rate.field.empty() ? std::string() : job.field(rate.field);
@@ -437,6 +460,10 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         if (r.integer <= 0) break;
         waited = true;
         if (soft.stop_requested()) co_return std::string("stopping while waiting for rate limit ") + key;
+        if (!co_await keep_held(job, last_touch)) {
+          taken_over = true;
+          co_return std::string("taken over by another consumer while waiting for rate limit ") + key;
+        }
         // Short naps, so a stop is seen within 100 ms of being asked for.
         asio::steady_timer t(loop, std::min<std::chrono::microseconds>(std::chrono::microseconds(r.integer),
                                                                         std::chrono::milliseconds(100)));
@@ -459,7 +486,8 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
   // not run now (stopping, or Redis unreachable or in quarantine: the job is
   // then left for later, as any run that meets a backend down) — the
   // permits taken so far are in `permits` and go back with the others.
-  awaitable<std::optional<std::string>> take_permits(const StreamJob& job, std::vector<Lease>& permits) {
+  awaitable<std::optional<std::string>> take_permits(const StreamJob& job, std::vector<Lease>& permits,
+                                                      Clock::time_point& last_touch, bool& taken_over) {
     const auto& leases = runner.leases();
     for (const auto& limit : o.concurrency_per) {
       const std::string value = job.field(limit.field);
@@ -485,12 +513,18 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         }
         if (lock) break;
         if (soft.stop_requested()) co_return std::string("stopping while waiting for concurrency limit ") + resource;
+        if (!co_await keep_held(job, last_touch)) {
+          taken_over = true;
+          co_return std::string("taken over by another consumer while waiting for concurrency limit ") + resource;
+        }
         // Tried once first, so only a job that found the permits taken counts
         // as limited; then waited for in rounds, so a stop is seen within
-        // one. Each round joins the line at its end: first come, first
-        // served within a round, not across rounds.
+        // one and the job is touched (keep_held) well within claim_idle.
+        // Each round joins the line at its end: first come, first served
+        // within a round, not across rounds.
         waited = true;
-        lo.wait = milliseconds(2000);
+        lo.wait = std::clamp(std::chrono::duration_cast<milliseconds>(source.options().claim_idle / 3),
+                             milliseconds(20), milliseconds(2000));
       }
       if (waited) {
         std::lock_guard lk(mu);
@@ -635,14 +669,18 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     unit.job_id = job.id;
     std::optional<std::string> limited;
     std::vector<Lease> permits;
-    if (has_id && !unit.id.empty() && !o.concurrency_per.empty()) limited = co_await take_permits(job, permits);
-    if (!limited && has_id && !unit.id.empty() && !o.rates.empty()) limited = co_await pass_rates(job);
+    Clock::time_point last_touch{};  // the first wait touches the job at once
+    bool taken_over = false;
+    if (has_id && !unit.id.empty() && !o.concurrency_per.empty())
+      limited = co_await take_permits(job, permits, last_touch, taken_over);
+    if (!limited && has_id && !unit.id.empty() && !o.rates.empty())
+      limited = co_await pass_rates(job, last_touch, taken_over);
     if (!has_id || unit.id.empty()) {
       d = {Action::dead_letter, has_id ? fmt::format("job field \"{}\" is empty", o.id_field)
                                        : fmt::format("job has no field \"{}\"", o.id_field)};
     } else if (limited) {
       // Not run: a job over its rate limit is never dropped or failed.
-      d = {soft.stop_requested() ? Action::leave_pending : Action::retry_later, std::move(*limited)};
+      d = {soft.stop_requested() || taken_over ? Action::leave_pending : Action::retry_later, std::move(*limited)};
     } else {
       try {
         // The effects are named, not temporaries in the co_await: g++ 12

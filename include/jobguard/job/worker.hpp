@@ -173,7 +173,10 @@ struct WorkerOptions {
   int blocking_threads = 0;
   // Rate limits (limits.hpp) every job must pass before its run: a job over
   // a limit waits in its slot for its turn (never dropped, never failed); a
-  // job without a limit's field is not limited by it.
+  // job without a limit's field is not limited by it. A job waiting for a
+  // limit (this one or concurrency_per) is touched every claim_idle / 3
+  // (StreamSource::async_touch), so no reclaim scan takes it over as
+  // stalled; a worker with limits reads no jobs ahead of its free slots.
   std::vector<RateLimit> rates{};
   // Per-key concurrency limits (limits.hpp), one per field at most: a job
   // takes a permit of each limit whose field it has (in field order, so two
