@@ -3,6 +3,7 @@
 // slot, blocking effects on the worker's threads, and the action table
 // carried out on the stream (ack, dead letter, left pending). In the
 // ThreadSanitizer run: jobs, the reader, the pool and stop() cross threads.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -517,6 +518,50 @@ TEST_F(StreamWorkerTest, AJobWaitingForItsKeysPermitIsLeftPendingOnStopNeverFail
   EXPECT_EQ(producer.pending_count(), 2);
   EXPECT_TRUE(inspect_semaphore(leases->service(), resource).holders.empty()) << "a permit was not given back";
   EXPECT_EQ(runner.metrics().concurrency_limited_total.value(), 1u);
+}
+
+// A job waiting for its rate turn is touched, so it is not reclaimed as
+// stalled however long it waits past claim_idle; when another consumer takes
+// it over all the same (an operator's XCLAIM here), the waiter lets it go:
+// left pending with the new holder, not run, not failed.
+TEST_F(StreamWorkerTest, AJobWaitingForItsTurnStaysOursAndIsLetGoWhenTakenOver) {
+  job::GuardedRunner runner(leases, cls("w-turn"), backends());
+  job::StreamSource producer(*client, stream);  // claim_idle 500 ms
+  producer.ensure_group();
+  producer.add({{"id", "1"}, {"k", "x"}});
+  producer.add({{"id", "2"}, {"k", "x"}});
+  std::atomic<int> ran{0};
+  job::AsyncJobEffect effect = [&](job::WorkItem&) -> asio::awaitable<std::string> {
+    ++ran;
+    co_return "";
+  };
+  job::WorkerOptions wo{.consumer = "waiter", .concurrency = 2};
+  wo.rates = {job::parse_rate("k=1/30s")};
+  job::StreamWorker worker(*client, stream, runner, effect, wo);
+  std::thread watcher([&] {
+    EXPECT_TRUE(test::eventually([&] { return ran.load() == 1; }, 10s));
+    // Job 2 waits 30 s for its turn; three claim_idles later it is still ours.
+    std::this_thread::sleep_for(1500ms);
+    const auto pending = producer.pending(10);
+    EXPECT_EQ(pending.size(), 1u);
+    if (pending.size() == 1) {
+      EXPECT_EQ(pending[0].consumer, "waiter");
+      EXPECT_EQ(pending[0].deliveries, 1) << "a touch counted a delivery";
+      admin(fmt::format("XCLAIM {} {} other 0 {} JUSTID", stream.stream, stream.group, pending[0].id));
+    }
+    EXPECT_TRUE(test::eventually([&] { return worker.stats().left_pending == 1; }, 5s));
+    worker.stop();
+  });
+  worker.run();
+  watcher.join();
+  EXPECT_EQ(ran.load(), 1);
+  const auto st = worker.stats();
+  EXPECT_EQ(st.failed, 0);
+  EXPECT_EQ(st.completed, 1);
+  EXPECT_EQ(st.left_pending, 1);
+  const auto pending = producer.pending(10);
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].consumer, "other") << "the waiter took its job back";
 }
 
 TEST_F(StreamWorkerTest, BadOptionsAreRefusedByName) {
