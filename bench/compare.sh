@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/compare.sh [--seconds S] [--workers N] [--rounds R] [--connections "1 2"] [--peers]
-# bench/compare.sh --jobs M [--concurrency 1,64] [--rounds R]
+# bench/compare.sh --jobs M [--concurrency 1,64] [--rounds R] [--unique]
 # One sitting, one private redis-server pinned to core 0, every client pinned to
 # core 1, measured back to back:
 #   1. redis-benchmark -c N -P 1 SET (the single-client-core wall),
@@ -16,10 +16,12 @@
 # the two alternate R times (the server emptied before each), and the ratios
 # of every round are printed with their median: on a shared 2-core host one
 # pair's ratio moves by half either way within minutes (docs/bench.md).
+# With --unique: every job enqueued unique on both sides (jobguard's
+# until-executed unique jobs, BullMQ's deduplication ids), one id per job.
 # Prints one JSON object with every figure and the ratios docs/bench.md quotes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-seconds=3 workers=64 peers=0 rounds=3 rounds_set=0 conns="1 2" jobs=0 concurrency=1,64
+seconds=3 workers=64 peers=0 rounds=3 rounds_set=0 conns="1 2" jobs=0 concurrency=1,64 unique=()
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --peers) peers=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --concurrency) concurrency=$2; shift 2 ;;
+    --unique) unique=(--unique); shift ;;
     *) echo "compare.sh: unknown option $1" >&2; exit 64 ;;
   esac
 done
@@ -55,9 +58,9 @@ if [ "$jobs" -gt 0 ]; then
   [ "$rounds_set" = 1 ] || rounds=1
   pairs=()
   for _ in $(seq "$rounds"); do
-    jg_jobs=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency")
+    jg_jobs=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency" "${unique[@]}")
     fresh
-    bull=$(cd "$root/bench/peers" && taskset -c 1 node bullmq-bench.js --redis "$url" --jobs "$jobs" --concurrency "$concurrency" --json)
+    bull=$(cd "$root/bench/peers" && taskset -c 1 node bullmq-bench.js --redis "$url" --jobs "$jobs" --concurrency "$concurrency" ${unique:+--dedup} --json)
     fresh
     pairs+=("$jg_jobs" "$bull")
   done

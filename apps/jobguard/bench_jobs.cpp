@@ -45,6 +45,18 @@ void enqueue(redis::Client& c, const std::string& stream, int count, const std::
   }
 }
 
+// The same jobs enqueued unique (until-executed on the id): each one its
+// unique lock and its entry in one script call, as `jobs add --unique` does.
+// Not pipelined (add_unique blocks); the enqueue is not timed.
+void enqueue_unique(redis::Client& c, const job::StreamOptions& so, int count, const std::string& run) {
+  job::StreamSource src(c, so);
+  const job::UniqueOptions u{.strategy = job::UniqueStrategy::until_executed};
+  for (int i = 0; i < count; ++i)
+    if (src.add_unique({{"id", std::to_string(i)}, {"run", run}, {"t", std::to_string(now_ns())}}, u).result !=
+        job::UniqueAdd::Result::added)
+      throw Error(errc::invalid_argument, fmt::format("bench --jobs --unique: job {} was refused as a duplicate", i));
+}
+
 // This process's CPU seconds, every thread (its rusage).
 double cpu_seconds_self() {
   rusage ru{};
@@ -130,7 +142,8 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
     // Guarded: the stream worker, lock + idempotency key + completion record per job.
     job::StreamOptions so{.stream = fmt::format("bench:{}:jobs:{}", tag, c), .group = "bench"};
     job::StreamSource(client, so).ensure_group();
-    enqueue(client, so.stream, cfg.jobs, "g" + std::to_string(c));
+    if (cfg.unique) enqueue_unique(client, so, cfg.jobs, "g" + std::to_string(c));
+    else enqueue(client, so.stream, cfg.jobs, "g" + std::to_string(c));
     std::vector<float> lat;
     lat.reserve(static_cast<std::size_t>(cfg.jobs));
     std::int64_t errors = 0;
@@ -162,7 +175,7 @@ nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& 
     client.exec(redis::Command{"DEL", so.stream, bare_stream});
   }
   // The run the acceptance names: the highest concurrency's.
-  nlohmann::json out{{"jobs", cfg.jobs}, {"runs", guarded}, {"bare_runs", bare_runs}};
+  nlohmann::json out{{"jobs", cfg.jobs}, {"unique", cfg.unique}, {"runs", guarded}, {"bare_runs", bare_runs}};
   out["guarded"] = guarded.back();
   out["bare"] = bare_runs.back();
   out["guarded_over_bare"] = out["guarded"]["jobs_per_s"].get<double>() / out["bare"]["jobs_per_s"].get<double>();

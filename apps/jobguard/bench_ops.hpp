@@ -82,6 +82,9 @@ ContentionResult run_contention(const redis::ConnectionOptions& opts, const Cont
 struct JobsConfig {
   int jobs = 20000;
   std::vector<int> concurrency{1, 64};
+  // Every guarded job enqueued unique (until-executed, one lock per job id,
+  // released by the worker at the ack): the peer of BullMQ's deduplication.
+  bool unique = false;
 };
 nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& cfg);
 

@@ -48,6 +48,7 @@ struct BenchArgs {
   bool workers_given = false, seconds_given = false;
   bool no_fleet = false;
   int jobs = 0;                      // --jobs M: the job path instead
+  bool unique = false;               // --jobs --unique: guarded jobs enqueued unique
   std::vector<int> concurrency{1, 64};
   int leases = 0;                    // --leases N: the lease scheduler instead
   int permits = 0;                   // --permits N: one semaphore's acquire+release instead
@@ -147,15 +148,16 @@ int run_jobs_or_leases(const Globals& g, const BenchArgs& a, const redis::Connec
   nlohmann::json j;
   std::string text;
   if (a.jobs > 0) {
-    j = bench::run_jobs(opts, {.jobs = a.jobs, .concurrency = a.concurrency});
+    j = bench::run_jobs(opts, {.jobs = a.jobs, .concurrency = a.concurrency, .unique = a.unique});
     for (const auto& [name, runs] : {std::pair{"guarded", j["runs"]}, std::pair{"bare", j["bare_runs"]}})
       for (const auto& r : runs)
         text += fmt::format("  {:<8} concurrency {:>4}: {:>9.0f} jobs/s   enqueue->ack p50 {:>8.1f} ms p99 {:>8.1f} ms\n",
                             name, r["concurrency"].get<int>(), r["jobs_per_s"].get<double>(),
                             r["enqueue_to_ack_p50_ms"].get<double>(), r["enqueue_to_ack_p99_ms"].get<double>());
     text = fmt::format("jobguard bench --jobs {}: guarded = StreamWorker, moderate class (lock + idempotency key + "
-                       "completion record), no-op effect; bare = XREADGROUP + XACK\n{}  guarded/bare = {:.3f}\n",
-                       a.jobs, text, j["guarded_over_bare"].get<double>());
+                       "completion record{}), no-op effect; bare = XREADGROUP + XACK\n{}  guarded/bare = {:.3f}\n",
+                       a.jobs, a.unique ? "; enqueued unique, until-executed" : "", text,
+                       j["guarded_over_bare"].get<double>());
   } else {
     const auto hold = duration_cast<milliseconds>(duration<double>(a.seconds_given ? a.seconds : 60.0));
     j = bench::run_leases(opts, {.leases = a.leases, .hold = hold});
@@ -194,6 +196,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   if (a.permits > 0 && (a.only.size() || a.mode != "coro" || a.connections != 1 || a.fair || a.hold != "1ms"))
     throw Error(errc::invalid_argument, "--permits takes none of --only, --mode, --connections, --fair, --hold");
   if (a.jobs < 0 || a.jobs > 10000000) throw Error(errc::invalid_argument, "--jobs must be 1..10000000");
+  if (a.unique && a.jobs == 0) throw Error(errc::invalid_argument, "--unique goes with --jobs M");
   if (a.leases < 0 || a.leases > 10000000) throw Error(errc::invalid_argument, "--leases must be 1..10000000");
   for (int c : a.concurrency)
     if (c < 1 || c > 4096) throw Error(errc::invalid_argument, fmt::format("--concurrency {}: must be 1..4096", c));
@@ -347,6 +350,8 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_option("--jobs", args->jobs,
                   "Instead: M guarded no-op jobs through the stream worker at each --concurrency, beside bare "
                   "XREADGROUP + XACK");
+  sub->add_flag("--unique", args->unique,
+                "--jobs: guarded jobs enqueued unique (until-executed on the id), their unique locks released at the ack");
   sub->add_option("--concurrency", args->concurrency, "--jobs: jobs in flight, one run per value")
       ->delimiter(',')
       ->capture_default_str();

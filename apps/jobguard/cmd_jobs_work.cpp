@@ -58,6 +58,7 @@ struct WorkArgs {
   std::string exit_when_idle;
   std::string unique_reap_interval = "30s";
   std::vector<std::string> rates;  // --rate [FIELD=]N/PERIOD, repeatable
+  std::vector<std::string> concurrency_per;  // --concurrency-per FIELD=N, repeatable
   std::string catalog;  // --catalog FILE: the class comes from it, not from the flags
   std::vector<std::string> cmd;
 };
@@ -129,6 +130,13 @@ int run_work(const Globals& g, const WorkArgs& a) {
       throw Error(errc::invalid_argument, fmt::format("--rate: {}", e.detail()));
     }
   }
+  for (const auto& c : a.concurrency_per) {
+    try {
+      wo.concurrency_per.push_back(job::parse_concurrency(c));
+    } catch (const Error& e) {
+      throw Error(errc::invalid_argument, fmt::format("--concurrency-per: {}", e.detail()));
+    }
+  }
   wo.log = &log;
   auto effect = job::run_command({.argv = a.cmd, .grace = flag_ms(a.grace, "--grace")});
   so.validate();
@@ -194,6 +202,9 @@ int run_work(const Globals& g, const WorkArgs& a) {
                                         {"unique_reaped", st.unique_reaped},
                                         {"rate_limited", st.rate_limited},
                                         {"rate_wait_ms", st.rate_wait_ms},
+                                        {"concurrency_limited", st.concurrency_limited},
+                                        {"concurrency_wait_ms", st.concurrency_wait_ms},
+                                        {"concurrency_lost", st.concurrency_lost},
                                         {"stopped_by_signal", by_signal}}
                      .dump()
               << "\n";
@@ -247,6 +258,10 @@ void add_jobs_work(CLI::App& jobs, Globals& g, Commands& out) {
   work->add_option("--rate", w->rates,
                    "[FIELD=]N/PERIOD: at most N job starts per PERIOD (s, min, h or a duration) per value of FIELD, "
                    "or for the class; shared by every worker (repeatable)")
+      ->allow_extra_args(false);
+  work->add_option("--concurrency-per", w->concurrency_per,
+                   "FIELD=N: at most N jobs with the same value of FIELD running at once, across every worker "
+                   "(repeatable, one per field)")
       ->allow_extra_args(false);
   work->add_option("--unique-reap-interval", w->unique_reap_interval,
                    "Free unique locks whose job is gone this often (0: never)")

@@ -9,21 +9,24 @@ const { Queue, Worker } = require('bullmq');
 const IORedis = require('ioredis');
 const { parseArgs, nowUs, percentile, round } = require('./lib/util');
 
-const USAGE = `usage: bullmq-bench.js --redis URL [--jobs M] [--concurrency 1,64] [--json]
+const USAGE = `usage: bullmq-bench.js --redis URL [--jobs M] [--concurrency 1,64] [--dedup] [--json]
   --redis URL        redis:// URL of the server to measure against (required)
   --jobs M           jobs per run (default 20000)
   --concurrency L    comma-separated Worker concurrencies, one run each (default 1,64)
+  --dedup            every job added with a deduplication id of its own (BullMQ's
+                     deduplicated jobs: the peer of jobguard's unique jobs)
   --json             one JSON object on stdout
 `;
 
-async function run(url, jobs, concurrency) {
+async function run(url, jobs, concurrency, dedup) {
   const name = `bench-${process.pid}-${concurrency}-${Date.now()}`;
   // BullMQ's workers need maxRetriesPerRequest: null on their connection.
   const connection = new IORedis(url, { maxRetriesPerRequest: null });
   const queue = new Queue(name, { connection });
   for (let done = 0; done < jobs;) {
     const batch = [];
-    for (let i = 0; i < 1000 && done < jobs; ++i, ++done) batch.push({ name: 'noop', data: { id: done, t: nowUs() } });
+    for (let i = 0; i < 1000 && done < jobs; ++i, ++done)
+      batch.push({ name: 'noop', data: { id: done, t: nowUs() }, opts: dedup ? { deduplication: { id: `d${done}` } } : {} });
     await queue.addBulk(batch);
   }
   // The server's own CPU over the worker phase (INFO cpu, as `jobguard bench
@@ -76,6 +79,7 @@ async function main() {
     jobs: { type: 'int', default: 20000, min: 1 },
     concurrency: { type: 'string', default: '1,64' },
     json: { type: 'bool', default: false },
+    dedup: { type: 'bool', default: false },
   }, USAGE);
   const levels = opt.concurrency.split(',').map(Number);
   if (levels.some((c) => !Number.isInteger(c) || c < 1)) {
@@ -83,9 +87,9 @@ async function main() {
     process.exit(64);
   }
   const runs = [];
-  for (const c of levels) runs.push(await run(opt.redis, opt.jobs, c));
+  for (const c of levels) runs.push(await run(opt.redis, opt.jobs, c, opt.dedup));
   const bullmq = require('bullmq/package.json').version;
-  const out = { peer: 'bullmq', version: bullmq, jobs: opt.jobs, runs, headline: runs[runs.length - 1] };
+  const out = { peer: 'bullmq', version: bullmq, jobs: opt.jobs, dedup: opt.dedup, runs, headline: runs[runs.length - 1] };
   if (opt.json) process.stdout.write(JSON.stringify(out) + '\n');
   else for (const r of runs)
     process.stdout.write(`bullmq ${bullmq} concurrency ${r.concurrency}: ${r.jobs_per_s} jobs/s, ` +

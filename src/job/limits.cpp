@@ -6,6 +6,7 @@
 
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/lock.hpp"
 
 namespace jobguard::job {
 
@@ -39,6 +40,42 @@ RateLimit parse_rate(std::string_view text) {
 std::string rate_key(const RateLimit& r, std::string_view lock_class, std::string_view value) {
   if (r.field.empty()) return fmt::format("jobguard:rate:{}", lock_class);
   return fmt::format("jobguard:rate:{}={}", r.field, value);
+}
+
+ConcurrencyLimit parse_concurrency(std::string_view text) {
+  ConcurrencyLimit c;
+  const auto eq = text.find('=');
+  if (eq == std::string_view::npos)
+    throw Error(errc::invalid_argument, fmt::format("concurrency \"{}\": expected FIELD=N, e.g. customer=2", text));
+  c.field = std::string(text.substr(0, eq));
+  if (c.field.empty()) throw Error(errc::invalid_argument, fmt::format("concurrency \"{}\": empty field name", text));
+  for (unsigned char ch : c.field)
+    if (ch <= 0x20 || ch == 0x7f || ch == '{' || ch == '}')
+      throw Error(errc::invalid_argument,
+                  fmt::format("concurrency \"{}\": the field name has a brace, a space or a control byte", text));
+  const auto n = text.substr(eq + 1);
+  long long count = 0;
+  const auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), count);
+  if (ec != std::errc{} || end != n.data() + n.size() || n.empty())
+    throw Error(errc::invalid_argument, fmt::format("concurrency \"{}\": \"{}\" is not a whole number of jobs", text, n));
+  if (count < 1 || count > LockOptions::kMaxPermits)
+    throw Error(errc::invalid_argument, fmt::format("concurrency \"{}\": the count must be in [1, {}]", text,
+                                                    LockOptions::kMaxPermits));
+  c.count = static_cast<int>(count);
+  return c;
+}
+
+std::string concurrency_resource(const ConcurrencyLimit& c, std::string_view value) {
+  // KeyBuilder::validate_resource's limit.
+  constexpr std::size_t kMaxResource = 512;
+  std::string r = fmt::format("concurrency:{}=", c.field);
+  for (unsigned char ch : value) {
+    const bool plain = ch > 0x20 && ch != 0x7f && ch != '{' && ch != '}' && ch != '%';
+    std::string piece = plain ? std::string(1, static_cast<char>(ch)) : fmt::format("%{:02X}", ch);
+    if (r.size() + piece.size() > kMaxResource) break;
+    r += piece;
+  }
+  return r;
 }
 
 }  // namespace jobguard::job

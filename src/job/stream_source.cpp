@@ -52,6 +52,7 @@ extern const std::string_view unique_state;
 extern const std::string_view unique_add;
 extern const std::string_view unique_release;
 extern const std::string_view unique_reap;
+extern const std::string_view touch;
 }  // namespace job_scripts
 
 namespace {
@@ -61,6 +62,10 @@ const redis::Script& unique_add_script() {
 }
 const redis::Script& unique_release_script() {
   static const redis::Script s{std::string(job_scripts::unique_release)};
+  return s;
+}
+const redis::Script& touch_script() {
+  static const redis::Script s{std::string(job_scripts::touch)};
   return s;
 }
 const redis::Script& unique_reap_script() {
@@ -189,6 +194,13 @@ UniqueAdd StreamSource::add_unique(std::vector<std::pair<std::string, std::strin
                : what == "replaced" ? UniqueAdd::Result::replaced
                                     : UniqueAdd::Result::added;
   return out;
+}
+
+awaitable<bool> StreamSource::async_touch(std::string consumer, std::string id) {
+  std::vector<std::string> keys{opts_.stream};
+  std::vector<std::string> args{opts_.group, std::move(consumer), std::move(id)};
+  Reply r = co_await detail::eval_on_loop(client_, touch_script(), std::move(keys), std::move(args), opts_.call_timeout);
+  co_return r.integer == 1;
 }
 
 awaitable<bool> StreamSource::async_release_unique(std::string lock_key, std::string job_id) {

@@ -24,7 +24,10 @@
 #include "job/awaiting.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/job/supervisor.hpp"
+#include "jobguard/lease.hpp"
+#include "jobguard/lock.hpp"
 #include "jobguard/observe/event_log.hpp"
+#include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::job {
@@ -179,6 +182,17 @@ void WorkerOptions::validate() const {
   for (const auto& rate : rates)
     if (rate.count <= 0 || rate.per.count() <= 0 || rate.interval().count() < 1)
       throw Error(errc::invalid_argument, "stream worker: a rate limit needs a count and a period above 0");
+  for (std::size_t i = 0; i < concurrency_per.size(); ++i) {
+    const auto& c = concurrency_per[i];
+    if (c.field.empty()) throw Error(errc::invalid_argument, "stream worker: a concurrency limit needs a field");
+    if (c.count < 1 || c.count > LockOptions::kMaxPermits)
+      throw Error(errc::invalid_argument, fmt::format("stream worker: concurrency limit {}={} outside [1, {}]",
+                                                      c.field, c.count, LockOptions::kMaxPermits));
+    for (std::size_t j = 0; j < i; ++j)
+      if (concurrency_per[j].field == c.field)
+        throw Error(errc::invalid_argument,
+                    fmt::format("stream worker: two concurrency limits on field \"{}\"", c.field));
+  }
   if (unique_reap_interval.count() < 0)
     throw Error(errc::invalid_argument, "stream worker: unique_reap_interval must be >= 0");
   if (retry_backoff.count() <= 0 || retry_backoff_max < retry_backoff)
@@ -199,6 +213,9 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     if (!async_effect && !sync_effect) throw Error(errc::invalid_argument, "stream worker: empty effect");
     o.validate();
     if (o.consumer.empty()) o.consumer = default_consumer();
+    // Every worker takes a job's permits in the same order: by field.
+    std::sort(o.concurrency_per.begin(), o.concurrency_per.end(),
+              [](const ConcurrencyLimit& a, const ConcurrencyLimit& b) { return a.field < b.field; });
     const int threads = o.blocking_threads > 0 ? o.blocking_threads : sync_effect ? o.concurrency : 1;
     pool = std::make_unique<asio::thread_pool>(static_cast<std::size_t>(threads));
     // Blocked reads hold a connection: they get one of their own.
@@ -298,7 +315,12 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         co_await reap_unique();
       }
       // Room: a free slot for each job not running, and as many read ahead.
-      std::int64_t room = 2 * o.concurrency - in_flight - static_cast<std::int64_t>(ready.size());
+      // Not with limits: a job read ahead waits behind the slots that wait
+      // for their turn, untouched (keep_held touches only those), and would
+      // look stalled to the other workers' reclaim scans; the limits, not
+      // a read's round trip, set the pace then.
+      const std::int64_t ahead = o.rates.empty() && o.concurrency_per.empty() ? o.concurrency : 0;
+      std::int64_t room = o.concurrency + ahead - in_flight - static_cast<std::int64_t>(ready.size());
       room = std::min(room, wanted());
       if (room <= 0) {
         co_await wait_on(wake, Clock::time_point::max());
@@ -397,10 +419,28 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
                                    .extra = {{"message", std::string("its job left the queue without releasing it")}}});
   }
 
+  // A job that waits for a limit is pending with us but not started: without
+  // a touch now and then, another worker's reclaim scan would take it over
+  // as stalled after claim_idle and run it a second time (which, waiting for
+  // the same limits, spends a turn of theirs on a run that then finds the job
+  // done). False when it is no longer ours: stop waiting, the new holder has
+  // it. A touch that fails (Redis away) is not that: the wait goes on, and
+  // the limit's own call meets the outage.
+  awaitable<bool> keep_held(const StreamJob& job, Clock::time_point& last_touch) {
+    if (Clock::now() - last_touch < source.options().claim_idle / 3) co_return true;
+    last_touch = Clock::now();
+    try {
+      co_return co_await source.async_touch(o.consumer, job.id);
+    } catch (const std::exception&) {
+      co_return true;
+    }
+  }
+
   // Waits until every rate limit lets `job` start. Empty when it may; else
   // why it may not start now (stopping, or Redis unreachable: the job is
   // then left for later, as any run that meets a backend down).
-  awaitable<std::optional<std::string>> pass_rates(const StreamJob& job) {
+  awaitable<std::optional<std::string>> pass_rates(const StreamJob& job, Clock::time_point& last_touch,
+                                                    bool& taken_over) {
     static const redis::Script take{std::string(job_scripts::rate_take)};
     for (const auto& rate : o.rates) {
       const std::string value = rate.field.empty() ? std::string() : job.field(rate.field);
@@ -420,6 +460,10 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         if (r.integer <= 0) break;
         waited = true;
         if (soft.stop_requested()) co_return std::string("stopping while waiting for rate limit ") + key;
+        if (!co_await keep_held(job, last_touch)) {
+          taken_over = true;
+          co_return std::string("taken over by another consumer while waiting for rate limit ") + key;
+        }
         // Short naps, so a stop is seen within 100 ms of being asked for.
         asio::steady_timer t(loop, std::min<std::chrono::microseconds>(std::chrono::microseconds(r.integer),
                                                                         std::chrono::milliseconds(100)));
@@ -427,11 +471,104 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
       }
       if (waited) {
         std::lock_guard lk(mu);
+        const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - began).count();
         ++st.rate_limited;
-        st.rate_wait_ms += std::chrono::duration_cast<milliseconds>(Clock::now() - began).count();
+        st.rate_wait_ms += ms;
+        runner.metrics().rate_limited_total.inc();
+        runner.metrics().rate_limit_wait_ms_total.inc(static_cast<std::uint64_t>(ms));
       }
     }
     co_return std::nullopt;
+  }
+
+  // Takes a permit of every concurrency limit `job` names, waiting for each
+  // in turn, into `permits`. Empty when all are held; else why the job may
+  // not run now (stopping, or Redis unreachable or in quarantine: the job is
+  // then left for later, as any run that meets a backend down) — the
+  // permits taken so far are in `permits` and go back with the others.
+  awaitable<std::optional<std::string>> take_permits(const StreamJob& job, std::vector<Lease>& permits,
+                                                      Clock::time_point& last_touch, bool& taken_over) {
+    const auto& leases = runner.leases();
+    for (const auto& limit : o.concurrency_per) {
+      const std::string value = job.field(limit.field);
+      if (value.empty()) continue;
+      const std::string resource = concurrency_resource(limit, value);
+      LockOptions lo;
+      lo.ttl = runner.lock_class().ttl;
+      lo.lock_class = "concurrency";
+      lo.permits = limit.count;
+      const auto began = Clock::now();
+      bool waited = false;
+      std::optional<Lock> lock;
+      for (;;) {
+        try {
+          lock = co_await detail::await_done<std::optional<Lock>>([&](auto granted) {
+            leases->service().async_acquire(resource, lo,
+                                            [granted = std::move(granted)](const Error& e, std::optional<Lock> l) {
+                                              granted(e ? std::make_exception_ptr(e) : nullptr, std::move(l));
+                                            });
+          });
+        } catch (const std::exception& e) {
+          co_return fmt::format("concurrency limit {}: {}", resource, e.what());
+        }
+        if (lock) break;
+        if (soft.stop_requested()) co_return std::string("stopping while waiting for concurrency limit ") + resource;
+        if (!co_await keep_held(job, last_touch)) {
+          taken_over = true;
+          co_return std::string("taken over by another consumer while waiting for concurrency limit ") + resource;
+        }
+        // Tried once first, so only a job that found the permits taken counts
+        // as limited; then waited for in rounds, so a stop is seen within
+        // one and the job is touched (keep_held) well within claim_idle.
+        // Each round joins the line at its end: first come, first served
+        // within a round, not across rounds.
+        waited = true;
+        lo.wait = std::clamp(std::chrono::duration_cast<milliseconds>(source.options().claim_idle / 3),
+                             milliseconds(20), milliseconds(2000));
+      }
+      if (waited) {
+        std::lock_guard lk(mu);
+        const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - began).count();
+        ++st.concurrency_limited;
+        st.concurrency_wait_ms += ms;
+        runner.metrics().concurrency_limited_total.inc();
+        runner.metrics().concurrency_limit_wait_ms_total.inc(static_cast<std::uint64_t>(ms));
+      }
+      permits.push_back(leases->adopt(std::move(*lock)));
+      permits.back().on_lost([self = shared_from_this(), resource, id = job.id](LeaseState, const std::string& why) {
+        {
+          std::lock_guard lk(self->mu);
+          ++self->st.concurrency_lost;
+        }
+        if (self->o.log)
+          self->o.log->emit(observe::Event{.event = "error",
+                                           .job_id = id,
+                                           .lock_class = self->runner.lock_class().name,
+                                           .outcome = "concurrency_permit_lost",
+                                           .extra = {{"resource", resource}, {"message", why}}});
+      });
+      // A permit that came after the worker was told to stop: the job is
+      // not started (it would be told to shut down at once).
+      if (waited && soft.stop_requested())
+        co_return std::string("stopping while waiting for concurrency limit ") + resource;
+    }
+    co_return std::nullopt;
+  }
+
+  // Gives the permits back, last taken first. A failed release is not the
+  // job's failure: the permit's lease then runs out on the server.
+  awaitable<void> release_permits(std::vector<Lease>& permits) {
+    while (!permits.empty()) {
+      try {
+        co_await detail::await_done<bool>([&](auto done) {
+          permits.back().async_release([done = std::move(done)](const Error& e, bool ours) {
+            done(e ? std::make_exception_ptr(e) : nullptr, ours);
+          });
+        });
+      } catch (const std::exception&) {
+      }
+      permits.pop_back();
+    }
   }
 
   // Releases the unique lock `job` carries (if still its own). A failure is
@@ -531,13 +668,19 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
     if (unit.run_id.empty()) unit.run_id = job.id;
     unit.job_id = job.id;
     std::optional<std::string> limited;
-    if (has_id && !unit.id.empty() && !o.rates.empty()) limited = co_await pass_rates(job);
+    std::vector<Lease> permits;
+    Clock::time_point last_touch{};  // the first wait touches the job at once
+    bool taken_over = false;
+    if (has_id && !unit.id.empty() && !o.concurrency_per.empty())
+      limited = co_await take_permits(job, permits, last_touch, taken_over);
+    if (!limited && has_id && !unit.id.empty() && !o.rates.empty())
+      limited = co_await pass_rates(job, last_touch, taken_over);
     if (!has_id || unit.id.empty()) {
       d = {Action::dead_letter, has_id ? fmt::format("job field \"{}\" is empty", o.id_field)
                                        : fmt::format("job has no field \"{}\"", o.id_field)};
     } else if (limited) {
       // Not run: a job over its rate limit is never dropped or failed.
-      d = {soft.stop_requested() ? Action::leave_pending : Action::retry_later, std::move(*limited)};
+      d = {soft.stop_requested() || taken_over ? Action::leave_pending : Action::retry_later, std::move(*limited)};
     } else {
       try {
         // The effects are named, not temporaries in the co_await: g++ 12
@@ -578,6 +721,9 @@ struct StreamWorker::Impl : std::enable_shared_from_this<Impl> {
         d = {Action::dead_letter, e.what()};
       }
     }
+    // Held for the run only: the next job of the key may start while this
+    // one's acknowledgement is on its way.
+    co_await release_permits(permits);
     if (has_unit && lock_key.empty() && !r.fail_open) lock_key = runner.lock_key_for(unit.id);
 
     if (d.action == Action::retry_later) backoff = std::clamp(backoff * 2, o.retry_backoff, o.retry_backoff_max);

@@ -158,6 +158,8 @@ std::string classes_json(const FleetSeries& hour, WallClock::time_point now, std
         series["expired"].push_back(m.expired());
         series["hold_p50_ms"].push_back(ms(minute.hold_quantile_seconds(0.5)));
         series["hold_p99_ms"].push_back(ms(minute.hold_quantile_seconds(0.99)));
+        series["rate_limited"].push_back(m.rate_limited);
+        series["concurrency_limited"].push_back(m.concurrency_limited);
       }
     }
     const auto* declared = catalog ? catalog->find(name) : nullptr;

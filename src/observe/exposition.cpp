@@ -54,6 +54,8 @@ struct CounterFamily {
   const char* name;
   const char* help;
   CounterField field;
+  // Stored in milliseconds, exposed in seconds (the base unit): 0.001.
+  double scale = 1;
 };
 
 // Order here is the order on the page; names follow Prometheus conventions:
@@ -77,6 +79,15 @@ constexpr CounterFamily kCounters[] = {
     {"jobguard_lock_released_not_owner_total",
      "Releases that found the lock gone or held by another owner (the lease had been lost).",
      &LockClassSnapshot::released_not_owner_total},
+    {"jobguard_job_rate_limited_total", "Jobs a stream worker held back for a rate limit before their run.",
+     &LockClassSnapshot::rate_limited_total},
+    {"jobguard_job_rate_limit_wait_seconds_total", "Time those jobs waited for their turn, in all.",
+     &LockClassSnapshot::rate_limit_wait_ms_total, 0.001},
+    {"jobguard_job_concurrency_limited_total",
+     "Jobs a stream worker held back for a per-key concurrency permit before their run.",
+     &LockClassSnapshot::concurrency_limited_total},
+    {"jobguard_job_concurrency_limit_wait_seconds_total", "Time those jobs waited for a permit, in all.",
+     &LockClassSnapshot::concurrency_limit_wait_ms_total, 0.001},
 };
 
 struct HistogramFamily {
@@ -108,8 +119,11 @@ std::string to_prometheus(const std::vector<LockClassSnapshot>& classes) {
 
   for (const auto& f : kCounters) {
     header(out, f.name, f.help, "counter");
-    for (const auto& c : classes)
-      fmt::format_to(it, "{}{{lock_class=\"{}\"}} {}\n", f.name, escape_label_value(c.lock_class), c.*(f.field));
+    for (const auto& c : classes) {
+      const std::uint64_t v = c.*(f.field);
+      fmt::format_to(it, "{}{{lock_class=\"{}\"}} {}\n", f.name, escape_label_value(c.lock_class),
+                     f.scale == 1 ? fmt::format("{}", v) : format_value(static_cast<double>(v) * f.scale));
+    }
   }
   for (const auto& f : kHistograms) {
     header(out, f.name, f.help, "histogram");

@@ -43,6 +43,10 @@ constexpr NamedField kFields[] = {
     {"err", &FleetCounts::redis_errors},
     {"hns", &FleetCounts::hold_sum_ns},
     {"wns", &FleetCounts::wait_sum_ns},
+    {"rl", &FleetCounts::rate_limited},
+    {"rlms", &FleetCounts::rate_limit_wait_ms},
+    {"cl", &FleetCounts::concurrency_limited},
+    {"clms", &FleetCounts::concurrency_limit_wait_ms},
 };
 
 std::uint64_t minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
@@ -166,6 +170,10 @@ FleetCounts counts_between(const LockClassSnapshot& now, const LockClassSnapshot
   c.fail_open = minus(now.fail_open_total, b.fail_open_total);
   c.stale_writes_rejected = minus(now.stale_writes_rejected_total, b.stale_writes_rejected_total);
   c.redis_errors = minus(now.redis_errors_total, b.redis_errors_total);
+  c.rate_limited = minus(now.rate_limited_total, b.rate_limited_total);
+  c.rate_limit_wait_ms = minus(now.rate_limit_wait_ms_total, b.rate_limit_wait_ms_total);
+  c.concurrency_limited = minus(now.concurrency_limited_total, b.concurrency_limited_total);
+  c.concurrency_limit_wait_ms = minus(now.concurrency_limit_wait_ms_total, b.concurrency_limit_wait_ms_total);
   const auto hn = per_bucket(now.hold_seconds), hb = per_bucket(b.hold_seconds);
   const auto wn = per_bucket(now.wait_seconds), wb = per_bucket(b.wait_seconds);
   for (std::size_t i = 0; i < kBuckets; ++i) {

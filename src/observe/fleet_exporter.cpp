@@ -22,6 +22,8 @@ struct CounterFamily {
   const char* name;
   const char* help;
   Field field;  // nullptr: expired() (lost + released_not_owner)
+  // Stored in milliseconds, exposed in seconds (the base unit): 0.001.
+  double scale = 1;
 };
 
 // Names follow Prometheus conventions: namespace jobguard, subsystem
@@ -50,6 +52,15 @@ constexpr CounterFamily kCounters[] = {
      &FleetCounts::stale_writes_rejected},
     {"jobguard_fleet_lock_redis_errors_total", "Redis errors met while acquiring, renewing or releasing.",
      &FleetCounts::redis_errors},
+    {"jobguard_fleet_job_rate_limited_total", "Jobs stream workers held back for a rate limit, all processes.",
+     &FleetCounts::rate_limited},
+    {"jobguard_fleet_job_rate_limit_wait_seconds_total", "Time those jobs waited for their turn, all processes.",
+     &FleetCounts::rate_limit_wait_ms, 0.001},
+    {"jobguard_fleet_job_concurrency_limited_total",
+     "Jobs stream workers held back for a per-key concurrency permit, all processes.",
+     &FleetCounts::concurrency_limited},
+    {"jobguard_fleet_job_concurrency_limit_wait_seconds_total", "Time those jobs waited for a permit, all processes.",
+     &FleetCounts::concurrency_limit_wait_ms, 0.001},
 };
 
 void header(std::string& out, const char* name, const char* help, const char* type) {
@@ -78,9 +89,11 @@ std::string fleet_to_prometheus(const std::map<std::string, FleetCounts, std::le
   fmt::format_to(it, "jobguard_fleet_lock_classes {}\n", totals.size());
   for (const auto& f : kCounters) {
     header(out, f.name, f.help, "counter");
-    for (const auto& [name, c] : totals)
+    for (const auto& [name, c] : totals) {
+      const std::uint64_t v = f.field ? c.*(f.field) : c.expired();
       fmt::format_to(it, "{}{{class=\"{}\"}} {}\n", f.name, escape_label_value(name),
-                     f.field ? c.*(f.field) : c.expired());
+                     f.scale == 1 ? fmt::format("{}", v) : format_value(static_cast<double>(v) * f.scale));
+    }
   }
   header(out, "jobguard_fleet_lock_hold_seconds", "Time locks were held, from grant to release or loss, all processes.",
          "histogram");

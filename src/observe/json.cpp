@@ -31,7 +31,11 @@ nlohmann::json to_json(const LockClassSnapshot& c) {
           {"stale_writes_rejected_total", c.stale_writes_rejected_total},
           {"redis_errors_total", c.redis_errors_total},
           {"releases_total", c.releases_total},
-          {"released_not_owner_total", c.released_not_owner_total}};
+          {"released_not_owner_total", c.released_not_owner_total},
+          {"rate_limited_total", c.rate_limited_total},
+          {"rate_limit_wait_seconds_total", static_cast<double>(c.rate_limit_wait_ms_total) / 1000},
+          {"concurrency_limited_total", c.concurrency_limited_total},
+          {"concurrency_limit_wait_seconds_total", static_cast<double>(c.concurrency_limit_wait_ms_total) / 1000}};
 }
 
 nlohmann::json to_json(const std::vector<LockClassSnapshot>& classes) {
@@ -69,6 +73,10 @@ nlohmann::ordered_json to_json(const FleetClassStats& c) {
       {"fail_open", n.fail_open},
       {"stale_writes_rejected", n.stale_writes_rejected},
       {"redis_errors", n.redis_errors},
+      {"rate_limited", n.rate_limited},
+      {"rate_limit_wait_seconds", static_cast<double>(n.rate_limit_wait_ms) / 1000},
+      {"concurrency_limited", n.concurrency_limited},
+      {"concurrency_limit_wait_seconds", static_cast<double>(n.concurrency_limit_wait_ms) / 1000},
   };
 }
 

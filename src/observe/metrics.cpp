@@ -103,6 +103,10 @@ LockClassSnapshot copy(const std::string& name, const LockClassMetrics& m) {
   s.redis_errors_total = m.redis_errors_total.value();
   s.releases_total = m.releases_total.value();
   s.released_not_owner_total = m.released_not_owner_total.value();
+  s.rate_limited_total = m.rate_limited_total.value();
+  s.rate_limit_wait_ms_total = m.rate_limit_wait_ms_total.value();
+  s.concurrency_limited_total = m.concurrency_limited_total.value();
+  s.concurrency_limit_wait_ms_total = m.concurrency_limit_wait_ms_total.value();
   return s;
 }
 }  // namespace

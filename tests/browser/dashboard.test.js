@@ -330,6 +330,20 @@ async function main() {
   await eventually('the retry on the timeline', () => page.locator('#incident-list li[data-kind="retry_dead_letter"]').count());
   log('dead letter: fields shown, retried, audited');
 
+  // 4b. A worker's limits on its class's card: three jobs of one customer at
+  // a concurrency of one per customer, so two wait for the permit.
+  for (let i = 0; i < 3; ++i) await redis.send('XADD', 'dash-limits', '*', 'id', `lim-${i}`, 'customer', 'acme');
+  const limited = start(args.jobguard, ['--redis', url, 'jobs', 'work', '--stream', 'dash-limits', '--class', 'limited',
+    '--concurrency', '3', '--concurrency-per', 'customer=1', '--max-jobs', '3', '--', 'sleep', '0.2']);
+  const limitedExit = await limited.exited;
+  if (limitedExit !== 0) fail(`jobs work --concurrency-per exited ${limitedExit}: ${limited.err}`);
+  const limitsLine = page.locator('.class[data-class="limited"] .limits');
+  await eventually('the limits line on the class card', () => limitsLine.count(), 15000);
+  const limitsText = await limitsLine.textContent();
+  if (!/^limits: 0 rate-limited \(waited -?[^)]*\) · 2 concurrency-limited \(waited \d/.test(limitsText))
+    fail(`limits line reads "${limitsText}"`);
+  log(`limits: ${limitsText}`);
+
   // 5. The screenshot for docs/dashboard.md: a few live locks of other hosts.
   const now = Date.now();
   const seed = [];

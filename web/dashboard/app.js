@@ -355,6 +355,12 @@ async function refreshClasses() {
       el('div', {}, el('div', { class: 'name' }, c.class),
         el('div', { class: 'label' }, ttl ? `declared TTL ${duration(ttl)} · observed p99 ${duration(p99)}` : 'no catalog entry'),
         el('div', { class: 'label counters' }, `${c.acquisitions} acquired · ${c.releases} released · ${c.renewals} renewals · ${c.expired} expired`),
+        // A worker's limits (jobs work --rate / --concurrency-per): jobs held back for their turn, never failed.
+        c.rate_limited || c.concurrency_limited
+          ? el('div', { class: 'label limits' },
+            `limits: ${c.rate_limited} rate-limited (waited ${duration(c.rate_limit_wait_seconds * 1000)}) · ` +
+            `${c.concurrency_limited} concurrency-limited (waited ${duration(c.concurrency_limit_wait_seconds * 1000)})`)
+          : null,
         ttl && p99 !== null && p99 > ttl ? el('div', { class: 'error' }, 'p99 hold exceeds the declared TTL') : null),
       cell('acq', 'acquisitions/s', num(c.acquisitions_per_second, 3),
         plot([{ values: se.acquisitions.map((v) => v / 60) }], { label: (m) => `${num(m, 2)}/s` })),

@@ -1,4 +1,15 @@
-// Rate limits for workers: at most N jobs per period, shared by every worker
+// Limits for workers, shared by every worker process that names the same
+// limit and kept in Redis, so that a restarted worker neither forgets what
+// was spent nor gets a fresh burst.
+//
+// Per-key concurrency (ConcurrencyLimit): at most N jobs with the same value
+// of a field running at once, fleet-wide. Each is a permit of a counting
+// semaphore (<jobguard/semaphore.hpp>) of N permits on a resource named from
+// the field's value, taken before the job's run, renewed by a lease while
+// the job runs and released when its run is over; a worker that dies leaves
+// its permit to expire with its lease (the semaphore's TTL), not forever.
+//
+// Rate limits (RateLimit): at most N jobs per period, shared by every worker
 // process that names the same limit, kept in Redis so that a restarted worker
 // neither forgets what was spent nor gets a fresh burst.
 //
@@ -41,5 +52,22 @@ RateLimit parse_rate(std::string_view text);
 // "jobguard:rate:<field>=<value>" (shared across classes and streams: the
 // provider's limit is the same whoever calls it).
 std::string rate_key(const RateLimit& r, std::string_view lock_class, std::string_view value);
+
+struct ConcurrencyLimit {
+  std::string field{};  // the job field whose value picks the semaphore
+  int count = 0;        // jobs of one value running at once, in [1, LockOptions::kMaxPermits]
+};
+
+// "FIELD=N". Throws Error(invalid_argument) naming what is wrong: no field,
+// no '=', a count that is not a whole number or is outside [1, 10000].
+ConcurrencyLimit parse_concurrency(std::string_view text);
+
+// The semaphore resource of one value: "concurrency:<field>=<value>"
+// (shared across classes and streams, as a rate budget is). Bytes a lock
+// resource cannot hold (braces, whitespace, control characters) and '%' are
+// written as %XX, so two values never share a resource by escaping; a value
+// too long for a resource is cut at the limit, so values that share a long
+// prefix share its permits (a stricter limit, never a looser one).
+std::string concurrency_resource(const ConcurrencyLimit& c, std::string_view value);
 
 }  // namespace jobguard::job

@@ -205,6 +205,12 @@ class GuardedRunner {
   GuardedRunner& operator=(const GuardedRunner&) = delete;
 
   const LockClass& lock_class() const noexcept { return cls_; }
+  // The scheduler its leases are renewed by (a StreamWorker's concurrency
+  // permits are renewed by it too).
+  const std::shared_ptr<LeaseScheduler>& leases() const noexcept { return leases_; }
+  // Its class's numbers (RunnerBackends::registry's, or the service's):
+  // a StreamWorker counts its limits' waits there.
+  observe::LockClassMetrics& metrics() const noexcept { return *m_; }
   // The Redis key of the lock a run of unit `unit_id` takes.
   std::string lock_key_for(std::string_view unit_id) const;
 

@@ -190,6 +190,11 @@ class StreamSource {
   // pending for as long; a job that kills its worker is still charged (the
   // worker dies before this call).
   boost::asio::awaitable<void> async_defer(std::string consumer, const StreamJob& job);
+  // A job `consumer` holds but has not started yet (it waits for a limit):
+  // its idle time starts again, so no reclaim scan takes it over as
+  // stalled, and no delivery is counted. False when it is no longer pending
+  // with `consumer` (another consumer took it over, or it left the queue).
+  boost::asio::awaitable<bool> async_touch(std::string consumer, std::string id);
   // Releases the unique lock `job` carries, if it is still this job's.
   // True when released; false when the job has no lock or it is another's.
   boost::asio::awaitable<bool> async_release_unique(std::string lock_key, std::string job_id);

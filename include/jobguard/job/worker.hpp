@@ -173,8 +173,21 @@ struct WorkerOptions {
   int blocking_threads = 0;
   // Rate limits (limits.hpp) every job must pass before its run: a job over
   // a limit waits in its slot for its turn (never dropped, never failed); a
-  // job without a limit's field is not limited by it.
+  // job without a limit's field is not limited by it. A job waiting for a
+  // limit (this one or concurrency_per) is touched every claim_idle / 3
+  // (StreamSource::async_touch), so no reclaim scan takes it over as
+  // stalled; a worker with limits reads no jobs ahead of its free slots.
   std::vector<RateLimit> rates{};
+  // Per-key concurrency limits (limits.hpp), one per field at most: a job
+  // takes a permit of each limit whose field it has (in field order, so two
+  // jobs never each hold what the other waits for) before its rate limits
+  // and its run, and gives them back when its run is over. A job waiting for
+  // a permit waits in its slot, first come first served across the fleet
+  // (never dropped, never failed); a stop while it waits leaves it pending.
+  // A permit's lease is the lock class's ttl, renewed while the job runs. A
+  // permit lost while its job runs (Redis unreachable past the lease) is
+  // counted and logged; the job is not stopped for it.
+  std::vector<ConcurrencyLimit> concurrency_per{};
   // How often the worker frees orphaned unique locks of its stream
   // (StreamSource::reap_unique), the first time when it starts. Default 30 s;
   // 0: never.
@@ -203,6 +216,9 @@ struct WorkerStats {
   std::int64_t unique_reaped = 0;     // orphaned unique locks freed by this worker's reaper
   std::int64_t rate_limited = 0;      // jobs that waited for a rate limit before their run
   std::int64_t rate_wait_ms = 0;      // the time they waited, in all
+  std::int64_t concurrency_limited = 0;  // jobs that waited for a concurrency permit before their run
+  std::int64_t concurrency_wait_ms = 0;  // the time they waited, in all
+  std::int64_t concurrency_lost = 0;     // permits whose lease was lost while their job ran
   std::int64_t finished() const noexcept { return completed + skipped + dead_lettered; }
 };
 

@@ -71,6 +71,10 @@ struct FleetCounts {
   std::uint64_t fail_open = 0;
   std::uint64_t stale_writes_rejected = 0;
   std::uint64_t redis_errors = 0;
+  std::uint64_t rate_limited = 0;               // jobs a worker held back for a rate limit
+  std::uint64_t rate_limit_wait_ms = 0;         // ... the time they waited
+  std::uint64_t concurrency_limited = 0;        // jobs held back for a concurrency permit
+  std::uint64_t concurrency_limit_wait_ms = 0;  // ... the time they waited
   std::array<std::uint64_t, kSecondsBuckets.size() + 1> hold_buckets{};
   std::uint64_t hold_sum_ns = 0;
   std::array<std::uint64_t, kSecondsBuckets.size() + 1> wait_buckets{};

@@ -91,6 +91,12 @@ struct LockClassMetrics {
   Counter redis_errors_total;           // Redis errors met while working for this class
   Counter releases_total;               // successful releases by the owner
   Counter released_not_owner_total;     // releases that found another owner / no key
+  // A stream worker's limits (job/limits.hpp), counted under the class its
+  // jobs run as: jobs that waited for their turn, and how long in all.
+  Counter rate_limited_total;
+  Counter rate_limit_wait_ms_total;
+  Counter concurrency_limited_total;
+  Counter concurrency_limit_wait_ms_total;
 };
 
 // A plain copy of one class's numbers.
@@ -109,6 +115,10 @@ struct LockClassSnapshot {
   std::uint64_t redis_errors_total = 0;
   std::uint64_t releases_total = 0;
   std::uint64_t released_not_owner_total = 0;
+  std::uint64_t rate_limited_total = 0;
+  std::uint64_t rate_limit_wait_ms_total = 0;
+  std::uint64_t concurrency_limited_total = 0;
+  std::uint64_t concurrency_limit_wait_ms_total = 0;
 };
 
 struct RegistryOptions {

@@ -172,6 +172,25 @@ TEST_F(BenchCli, JobsJsonHasTheGuardedAndBareRunsAtEachConcurrency) {
   EXPECT_GT(j["guarded_over_bare"].get<double>(), 0);
 }
 
+// --unique: the guarded jobs go in as unique jobs, and every unique lock is
+// released by its job's ack (none left for a reaper); without --jobs it is
+// a usage error.
+TEST_F(BenchCli, JobsUniqueAcksEveryJobAndLeavesNoUniqueLock) {
+  auto r = run_jobguard({"--redis", url(), "--json", "bench", "--jobs", "200", "--concurrency", "8", "--unique"}, 120s);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_TRUE(j["unique"].get<bool>());
+  EXPECT_EQ(j["guarded"]["jobs"].get<int>(), 200);
+  EXPECT_EQ(j["guarded"]["errors"].get<std::int64_t>(), 0);
+  auto client = make_client();
+  EXPECT_EQ(client->exec(redis::Command{"EVAL", "return #redis.call('keys', '*unique*')", "0"}).integer, 0)
+      << "unique locks left behind";
+  const auto bad = run_jobguard({"--redis", url(), "bench", "--unique"}, 30s);
+  EXPECT_EQ(bad.status, 64) << bad.err;
+  EXPECT_NE(bad.err.find("--unique goes with --jobs M"), std::string::npos) << bad.err;
+}
+
 TEST_F(BenchCli, LeasesHoldsThemAllRenewedAndReportsCpu) {
   // TTL 30 s: renewals every ~10 s, so a 1 s hold may renew none; what must
   // hold is that none is lost and the numbers are there.

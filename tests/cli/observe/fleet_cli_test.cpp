@@ -184,3 +184,83 @@ TEST_F(FleetCli, StatsWithNothingPublishedSaysSo) {
 
 }  // namespace
 }  // namespace jobguard::test
+
+namespace jobguard::test {
+namespace {
+
+// A worker's limits reach the fleet's numbers: `jobs work` with a per-key
+// concurrency of 1 and a rate limit runs three jobs of one key; what its own
+// --json says it waited is what `serve` (/metrics and the dashboard's
+// /api/classes) and `stats --json` read back from Redis.
+TEST_F(FleetCli, ServeStatsAndTheDashboardShowAWorkersLimits) {
+  const std::string stream = key("lim");
+  for (int i = 0; i < 3; ++i) admin(fmt::format("XADD {} * id job{} customer acme", stream, i));
+  // Three slots: the three jobs are read together, the first takes the one
+  // permit, and the two others find it taken (each counted once).
+  const auto w = run_jobguard({"--redis", url(), "--json", "jobs", "work", "--stream", stream, "--class", "lim",
+                               "--concurrency", "3", "--concurrency-per", "customer=1", "--rate", "customer=2/s",
+                               "--max-jobs", "3", "--", "sleep", "0.3"});
+  ASSERT_EQ(w.status, 0) << w.err;
+  const auto ws = nlohmann::json::parse(w.out);
+  EXPECT_EQ(ws.at("completed"), 3) << w.out;
+  EXPECT_EQ(ws.at("concurrency_limited"), 2) << w.out;
+  const double conc_wait = ws.at("concurrency_wait_ms").get<double>() / 1000;
+  const double rate_wait = ws.at("rate_wait_ms").get<double>() / 1000;
+  EXPECT_GT(conc_wait, 0);
+
+  Subprocess serve(jg({"--json", "serve", "--listen", "127.0.0.1:0"}));
+  std::uint16_t port = 0;
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto out = serve.out();
+        if (out.find('\n') == std::string::npos) return false;
+        port = nlohmann::json::parse(out.substr(0, out.find('\n'))).at("port").get<std::uint16_t>();
+        return true;
+      },
+      20s))
+      << serve.err();
+  HttpResponse res;
+  ASSERT_TRUE(eventually(
+      [&] {
+        res = http_request(port, "GET", "/metrics");
+        return res.status == 200 && res.body.find("jobguard_fleet_job_concurrency_limited_total{class=\"lim\"}") !=
+                                        std::string::npos;
+      },
+      20s))
+      << res.body;
+  const auto e = parse_exposition(res.body);
+  EXPECT_TRUE(e.problems.empty()) << ::testing::PrintToString(e.problems);
+  const auto sample = [&](const std::string& name) { return e.samples.at(name + "{class=\"lim\"}"); };
+  EXPECT_EQ(sample("jobguard_fleet_job_concurrency_limited_total"), 2) << res.body;
+  EXPECT_NEAR(sample("jobguard_fleet_job_concurrency_limit_wait_seconds_total"), conc_wait, 1e-9);
+  EXPECT_EQ(sample("jobguard_fleet_job_rate_limited_total"), ws.at("rate_limited").get<double>());
+  EXPECT_NEAR(sample("jobguard_fleet_job_rate_limit_wait_seconds_total"), rate_wait, 1e-9);
+  EXPECT_EQ(e.type.at("jobguard_fleet_job_concurrency_limited_total"), "counter");
+
+  const auto api = http_request(port, "GET", "/api/classes?window=5m");
+  ASSERT_EQ(api.status, 200) << api.body;
+  const nlohmann::json* lim = nullptr;
+  const auto classes = nlohmann::json::parse(api.body);
+  for (const auto& c : classes.at("classes"))
+    if (c.at("class") == "lim") lim = &c;
+  ASSERT_NE(lim, nullptr) << api.body;
+  EXPECT_EQ(lim->at("concurrency_limited"), 2);
+  EXPECT_NEAR(lim->at("concurrency_limit_wait_seconds").get<double>(), conc_wait, 1e-9);
+  EXPECT_EQ(lim->at("rate_limited"), ws.at("rate_limited"));
+  EXPECT_NEAR(lim->at("rate_limit_wait_seconds").get<double>(), rate_wait, 1e-9);
+  serve.signal(SIGTERM);
+  EXPECT_EQ(serve.wait_or_kill(10s).status, 0);
+
+  const auto st = run_jobguard({"--redis", url(), "--json", "stats", "--window", "5m"});
+  ASSERT_EQ(st.status, 0) << st.err;
+  const nlohmann::json* s = nullptr;
+  const auto j = nlohmann::json::parse(st.out);
+  for (const auto& c : j.at("classes"))
+    if (c.at("class") == "lim") s = &c;
+  ASSERT_NE(s, nullptr) << st.out;
+  EXPECT_EQ(s->at("concurrency_limited"), 2);
+  EXPECT_EQ(s->at("rate_limited"), ws.at("rate_limited"));
+}
+
+}  // namespace
+}  // namespace jobguard::test

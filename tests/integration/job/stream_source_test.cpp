@@ -8,6 +8,8 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/use_future.hpp>
+#include <fmt/format.h>
 #include <chrono>
 #include <future>
 #include <map>
@@ -180,6 +182,36 @@ std::string xack_calls(const std::string& commandstats) {
   return commandstats.substr(from, commandstats.find(',', from) - from);
 }
 }  // namespace
+
+// A job its consumer holds but has not started (it waits for a limit):
+// touched, it is not stalled for claim_idle more and its delivery count does
+// not move; once another consumer took it over, a touch is false and leaves
+// it with that one.
+TEST_F(StreamSourceTest, ATouchedJobIsNotReclaimedAndATakenOverOneIsNotTakenBack) {
+  auto c = make_client();
+  StreamSource src(*c, opts(1000ms, 5));
+  src.ensure_group();
+  src.add({{"n", "1"}});
+  const auto job = src.next("waiter");
+  ASSERT_TRUE(job);
+  const auto touch = [&](const std::string& consumer) {
+    return boost::asio::co_spawn(c->get_executor(), src.async_touch(consumer, job->id), boost::asio::use_future).get();
+  };
+  // Touched every 100 ms for two seconds: never idle for claim_idle.
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(touch("waiter"));
+    EXPECT_FALSE(src.reclaim("other")) << "a touched job was reclaimed";
+  }
+  EXPECT_EQ(src.deliveries(job->id), 1);
+  std::this_thread::sleep_for(1200ms);
+  ASSERT_TRUE(src.reclaim("other"));
+  EXPECT_FALSE(touch("waiter"));
+  EXPECT_EQ(admin(fmt::format("XPENDING {} workers - + 10 other", key("jobs"))), "(array of 1)");
+  EXPECT_EQ(admin(fmt::format("XPENDING {} workers - + 10 waiter", key("jobs"))), "(array of 0)");
+  EXPECT_TRUE(src.ack(job->id));
+  EXPECT_FALSE(touch("other")) << "an acknowledged job is nobody's";
+}
 
 TEST_F(StreamSourceTest, AcksOfOneTurnLeaveAsOneXackThatAcknowledgesEveryJob) {
   auto c = make_client();

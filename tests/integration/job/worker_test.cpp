@@ -3,6 +3,7 @@
 // slot, blocking effects on the worker's threads, and the action table
 // carried out on the stream (ack, dead letter, left pending). In the
 // ThreadSanitizer run: jobs, the reader, the pool and stop() cross threads.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +23,8 @@
 #include "jobguard/job/worker.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/observe/metrics.hpp"
+#include "jobguard/semaphore.hpp"
 #include "support/redis_fixture.hpp"
 
 using namespace std::chrono_literals;
@@ -465,6 +468,102 @@ TEST_F(StreamWorkerTest, ReadAheadJobsAreHandedBackOnStopAndTakenOverAtOnce) {
   EXPECT_EQ(ran, (std::set<std::string>{"2", "3", "4", "5"})) << "the handed-back pair and the two never read";
 }
 
+// Per-key concurrency (WorkerOptions::concurrency_per): the second job of a
+// key waits in its slot for the permit the first holds, a job without the
+// field runs beside them, and a stop while it waits leaves it pending, not
+// failed; every permit is given back.
+TEST_F(StreamWorkerTest, AJobWaitingForItsKeysPermitIsLeftPendingOnStopNeverFailed) {
+  job::GuardedRunner runner(leases, cls("w-per"), backends());
+  job::StreamSource producer(*client, stream);
+  producer.ensure_group();
+  producer.add({{"id", "1"}, {"customer", "a b"}});
+  producer.add({{"id", "2"}, {"customer", "a b"}});
+  producer.add({{"id", "3"}});
+  std::mutex mu;
+  std::set<std::string> started;
+  job::AsyncJobEffect effect = [&](job::WorkItem& item) -> asio::awaitable<std::string> {
+    const std::string id = item.context().unit().id;
+    {
+      std::lock_guard lk(mu);
+      started.insert(id);
+    }
+    if (id == "3") co_return "";
+    while (!item.shutdown().stop_requested()) co_await sleep_for(5ms);
+    item.leave_pending("shutdown");
+    throw std::runtime_error("interrupted");
+  };
+  job::WorkerOptions wo{.concurrency = 3};
+  wo.concurrency_per = {job::parse_concurrency("customer=1")};
+  job::StreamWorker worker(*client, stream, runner, effect, wo);
+  const std::string resource = "concurrency:customer=a%20b";
+  SemaphoreInfo during;
+  std::thread stopper([&] {
+    EXPECT_TRUE(test::eventually([&] {
+      std::lock_guard lk(mu);
+      return started == std::set<std::string>{"1", "3"};
+    }, 10s));
+    EXPECT_TRUE(test::eventually([&] { return inspect_semaphore(leases->service(), resource).waiters == 1; }, 10s));
+    during = inspect_semaphore(leases->service(), resource);
+    worker.stop();
+  });
+  worker.run();
+  stopper.join();
+  EXPECT_EQ(started, (std::set<std::string>{"1", "3"})) << "job 2 ran beside job 1";
+  EXPECT_EQ(during.holders.size(), 1u);
+  const auto st = worker.stats();
+  EXPECT_EQ(st.failed, 0);
+  EXPECT_EQ(st.completed, 1);
+  EXPECT_EQ(st.left_pending, 2);
+  EXPECT_EQ(st.concurrency_limited, 1);
+  EXPECT_EQ(producer.pending_count(), 2);
+  EXPECT_TRUE(inspect_semaphore(leases->service(), resource).holders.empty()) << "a permit was not given back";
+  EXPECT_EQ(runner.metrics().concurrency_limited_total.value(), 1u);
+}
+
+// A job waiting for its rate turn is touched, so it is not reclaimed as
+// stalled however long it waits past claim_idle; when another consumer takes
+// it over all the same (an operator's XCLAIM here), the waiter lets it go:
+// left pending with the new holder, not run, not failed.
+TEST_F(StreamWorkerTest, AJobWaitingForItsTurnStaysOursAndIsLetGoWhenTakenOver) {
+  job::GuardedRunner runner(leases, cls("w-turn"), backends());
+  job::StreamSource producer(*client, stream);  // claim_idle 500 ms
+  producer.ensure_group();
+  producer.add({{"id", "1"}, {"k", "x"}});
+  producer.add({{"id", "2"}, {"k", "x"}});
+  std::atomic<int> ran{0};
+  job::AsyncJobEffect effect = [&](job::WorkItem&) -> asio::awaitable<std::string> {
+    ++ran;
+    co_return "";
+  };
+  job::WorkerOptions wo{.consumer = "waiter", .concurrency = 2};
+  wo.rates = {job::parse_rate("k=1/30s")};
+  job::StreamWorker worker(*client, stream, runner, effect, wo);
+  std::thread watcher([&] {
+    EXPECT_TRUE(test::eventually([&] { return ran.load() == 1; }, 10s));
+    // Job 2 waits 30 s for its turn; three claim_idles later it is still ours.
+    std::this_thread::sleep_for(1500ms);
+    const auto pending = producer.pending(10);
+    EXPECT_EQ(pending.size(), 1u);
+    if (pending.size() == 1) {
+      EXPECT_EQ(pending[0].consumer, "waiter");
+      EXPECT_EQ(pending[0].deliveries, 1) << "a touch counted a delivery";
+      admin(fmt::format("XCLAIM {} {} other 0 {} JUSTID", stream.stream, stream.group, pending[0].id));
+    }
+    EXPECT_TRUE(test::eventually([&] { return worker.stats().left_pending == 1; }, 5s));
+    worker.stop();
+  });
+  worker.run();
+  watcher.join();
+  EXPECT_EQ(ran.load(), 1);
+  const auto st = worker.stats();
+  EXPECT_EQ(st.failed, 0);
+  EXPECT_EQ(st.completed, 1);
+  EXPECT_EQ(st.left_pending, 1);
+  const auto pending = producer.pending(10);
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].consumer, "other") << "the waiter took its job back";
+}
+
 TEST_F(StreamWorkerTest, BadOptionsAreRefusedByName) {
   job::GuardedRunner runner(leases, cls("w-bad"), backends());
   job::AsyncJobEffect effect = [](job::WorkItem&) -> asio::awaitable<std::string> { co_return ""; };
@@ -475,6 +574,12 @@ TEST_F(StreamWorkerTest, BadOptionsAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("concurrency 0"), std::string::npos) << e.what();
   }
   EXPECT_THROW(job::StreamWorker(*client, stream, runner, job::AsyncJobEffect{}), Error);
+  job::WorkerOptions twice;
+  twice.concurrency_per = {{"customer", 1}, {"customer", 2}};
+  EXPECT_THROW(job::StreamWorker(*client, stream, runner, effect, twice), Error);
+  job::WorkerOptions zero;
+  zero.concurrency_per = {{"customer", 0}};
+  EXPECT_THROW(job::StreamWorker(*client, stream, runner, effect, zero), Error);
 }
 
 }  // namespace

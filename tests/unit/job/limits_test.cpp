@@ -5,6 +5,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/job/limits.hpp"
 #include "jobguard/job/unique.hpp"
+#include "jobguard/lock.hpp"
 
 using namespace std::chrono_literals;
 using namespace jobguard;
@@ -56,4 +57,44 @@ TEST(UniqueNames, RoundTrip) {
   for (auto c : {job::UniqueConflict::reject, job::UniqueConflict::replace, job::UniqueConflict::log})
     EXPECT_EQ(job::parse_unique_conflict(job::to_string(c)), c);
   EXPECT_FALSE(job::parse_unique_conflict("ignore").has_value());
+}
+
+TEST(ParseConcurrency, FieldAndCount) {
+  const auto c = job::parse_concurrency("customer=2");
+  EXPECT_EQ(c.field, "customer");
+  EXPECT_EQ(c.count, 2);
+  EXPECT_EQ(job::parse_concurrency("tenant=10000").count, 10000);
+}
+
+TEST(ParseConcurrency, BadLimitsAreRefusedNamingWhatIsWrong) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"customer=0", "the count must be in [1, 10000]"}, {"customer=-1", "the count must be in [1, 10000]"},
+      {"customer=10001", "the count must be in [1, 10000]"}, {"customer", "expected FIELD=N"},
+      {"=2", "empty field name"},                        {"customer=two", "not a whole number"},
+      {"customer=", "not a whole number"},               {"cu stomer=2", "the field name has a brace, a space"},
+      {"customer=99999999999999999999", "not a whole number"},
+  };
+  for (const auto& [text, words] : cases) {
+    try {
+      job::parse_concurrency(text);
+      ADD_FAILURE() << text << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::invalid_argument)) << text;
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << text << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << "names the limit: " << e.what();
+    }
+  }
+}
+
+TEST(ConcurrencyResource, OnePerFieldValueEscapedToBeALockResource) {
+  const auto c = job::parse_concurrency("customer=2");
+  EXPECT_EQ(job::concurrency_resource(c, "42"), "concurrency:customer=42");
+  // Braces would break the hash tag, spaces a log line; '%' is escaped too,
+  // so "a b" and a literal "a%20b" stay two resources.
+  EXPECT_EQ(job::concurrency_resource(c, "a b{x}"), "concurrency:customer=a%20b%7Bx%7D");
+  EXPECT_EQ(job::concurrency_resource(c, "a%20b"), "concurrency:customer=a%2520b");
+  const auto long_one = job::concurrency_resource(c, std::string(600, 'x'));
+  EXPECT_EQ(long_one.size(), 512u);
+  EXPECT_NO_THROW(KeyBuilder().lock_key(long_one));
+  EXPECT_NO_THROW(KeyBuilder().lock_key(job::concurrency_resource(c, std::string(300, ' '))));
 }

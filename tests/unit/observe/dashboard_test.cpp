@@ -149,7 +149,18 @@ TEST(DashboardJson, ClassesSumTheWindowAndKeepAPointPerMinute) {
   c.back().acquisitions = 30;
   c.back().attempts = 40;
   c.back().contended = 10;
+  c.back().rate_limited = 7;
+  c.back().rate_limit_wait_ms = 3500;
+  c.back().concurrency_limited = 4;
+  c.back().concurrency_limit_wait_ms = 600;
+  c.front().concurrency_limited = 50;  // outside the window: in the series only
   const auto j = json::parse(classes_json(hour, now, std::chrono::minutes(5), nullptr)).at("classes").at(0);
+  EXPECT_EQ(j.at("rate_limited"), 7);
+  EXPECT_DOUBLE_EQ(j.at("rate_limit_wait_seconds").get<double>(), 3.5);
+  EXPECT_EQ(j.at("concurrency_limited"), 4);
+  EXPECT_DOUBLE_EQ(j.at("concurrency_limit_wait_seconds").get<double>(), 0.6);
+  EXPECT_EQ(j.at("series").at("rate_limited").back(), 7);
+  EXPECT_EQ(j.at("series").at("concurrency_limited").front(), 50);
   EXPECT_EQ(j.at("acquisitions"), 30);
   EXPECT_DOUBLE_EQ(j.at("contention_ratio").get<double>(), 0.25);
   EXPECT_EQ(j.at("series").at("acquisitions").size(), hour.minutes.size());

@@ -25,6 +25,10 @@ void fill_billing(Registry& r) {
   m.stale_writes_rejected_total.inc(2);
   m.releases_total.inc(2);
   m.released_not_owner_total.inc();
+  m.rate_limited_total.inc(3);
+  m.rate_limit_wait_ms_total.inc(1250);
+  m.concurrency_limited_total.inc(2);
+  m.concurrency_limit_wait_ms_total.inc(40);
 }
 
 }  // namespace
@@ -66,6 +70,18 @@ TEST(Prometheus, ExactTextForOneClass) {
     "# HELP jobguard_lock_released_not_owner_total Releases that found the lock gone or held by another owner (the lease had been lost).\n"
     "# TYPE jobguard_lock_released_not_owner_total counter\n"
     "jobguard_lock_released_not_owner_total{lock_class=\"billing\"} 1\n"
+    "# HELP jobguard_job_rate_limited_total Jobs a stream worker held back for a rate limit before their run.\n"
+    "# TYPE jobguard_job_rate_limited_total counter\n"
+    "jobguard_job_rate_limited_total{lock_class=\"billing\"} 3\n"
+    "# HELP jobguard_job_rate_limit_wait_seconds_total Time those jobs waited for their turn, in all.\n"
+    "# TYPE jobguard_job_rate_limit_wait_seconds_total counter\n"
+    "jobguard_job_rate_limit_wait_seconds_total{lock_class=\"billing\"} 1.25\n"
+    "# HELP jobguard_job_concurrency_limited_total Jobs a stream worker held back for a per-key concurrency permit before their run.\n"
+    "# TYPE jobguard_job_concurrency_limited_total counter\n"
+    "jobguard_job_concurrency_limited_total{lock_class=\"billing\"} 2\n"
+    "# HELP jobguard_job_concurrency_limit_wait_seconds_total Time those jobs waited for a permit, in all.\n"
+    "# TYPE jobguard_job_concurrency_limit_wait_seconds_total counter\n"
+    "jobguard_job_concurrency_limit_wait_seconds_total{lock_class=\"billing\"} 0.04\n"
     "# HELP jobguard_lock_wait_seconds Time from the first acquire attempt until the lock was granted or the caller gave up.\n"
     "# TYPE jobguard_lock_wait_seconds histogram\n"
     "jobguard_lock_wait_seconds_bucket{lock_class=\"billing\",le=\"0.0001\"} 0\n"
@@ -173,6 +189,10 @@ TEST(MetricsJson, CarriesTheSameNumbers) {
   EXPECT_EQ(b.at("leases_lost_total"), 1);
   EXPECT_EQ(b.at("stale_writes_rejected_total"), 2);
   EXPECT_EQ(b.at("released_not_owner_total"), 1);
+  EXPECT_EQ(b.at("rate_limited_total"), 3);
+  EXPECT_DOUBLE_EQ(b.at("rate_limit_wait_seconds_total").get<double>(), 1.25);
+  EXPECT_EQ(b.at("concurrency_limited_total"), 2);
+  EXPECT_DOUBLE_EQ(b.at("concurrency_limit_wait_seconds_total").get<double>(), 0.04);
   const auto& hold = b.at("hold_seconds");
   EXPECT_EQ(hold.at("count"), 3);
   EXPECT_NEAR(hold.at("sum_seconds").get<double>(), 2.006, 1e-12);

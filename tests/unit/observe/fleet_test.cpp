@@ -90,6 +90,10 @@ TEST(FleetDelta, CountsBetweenTwoSnapshotsAreWhatHappenedInBetween) {
   m.released_not_owner_total.inc(2);
   m.hold_seconds.observe(2s);
   m.hold_seconds.observe(2s);
+  m.rate_limited_total.inc(2);
+  m.rate_limit_wait_ms_total.inc(300);
+  m.concurrency_limited_total.inc();
+  m.concurrency_limit_wait_ms_total.inc(70);
   const auto second = snap_of(r, "billing");
   const FleetCounts d = counts_between(second, &first);
   EXPECT_EQ(d.acquisitions, 1u);
@@ -101,6 +105,10 @@ TEST(FleetDelta, CountsBetweenTwoSnapshotsAreWhatHappenedInBetween) {
   EXPECT_EQ(d.hold_buckets[Histogram::bucket_index(2.0)], 2u);
   EXPECT_EQ(d.hold_buckets[Histogram::bucket_index(0.003)], 0u);
   EXPECT_EQ(d.hold_sum_ns, 4'000'000'000u);
+  EXPECT_EQ(d.rate_limited, 2u);
+  EXPECT_EQ(d.rate_limit_wait_ms, 300u);
+  EXPECT_EQ(d.concurrency_limited, 1u);
+  EXPECT_EQ(d.concurrency_limit_wait_ms, 70u);
   EXPECT_TRUE(counts_between(second, &second).empty());
 }
 
@@ -114,6 +122,10 @@ TEST(FleetFields, RoundTripKeepsEveryCountAndSkipsZeros) {
   c.hold_buckets[kSecondsBuckets.size()] = 1;  // +Inf
   c.wait_buckets[0] = 9;
   c.hold_sum_ns = 123456789;
+  c.rate_limited = 3;
+  c.rate_limit_wait_ms = 4500;
+  c.concurrency_limited = 6;
+  c.concurrency_limit_wait_ms = 80;
   const auto fields = c.to_fields();
   for (const auto& [name, v] : fields) EXPECT_NE(v, 0u) << name;
   std::vector<std::pair<std::string, std::string>> text;
@@ -129,6 +141,10 @@ TEST(FleetFields, RoundTripKeepsEveryCountAndSkipsZeros) {
   EXPECT_EQ(back.hold_buckets, c.hold_buckets);
   EXPECT_EQ(back.wait_buckets, c.wait_buckets);
   EXPECT_EQ(back.hold_sum_ns, 123456789u);
+  EXPECT_EQ(back.rate_limited, 3u);
+  EXPECT_EQ(back.rate_limit_wait_ms, 4500u);
+  EXPECT_EQ(back.concurrency_limited, 6u);
+  EXPECT_EQ(back.concurrency_limit_wait_ms, 80u);
   EXPECT_TRUE(counts_minus(back, c).empty());
 }
 
@@ -246,6 +262,10 @@ TEST(FleetExposition, EveryFamilyHasHelpAndTypeAndClassLabels) {
   c.released_not_owner = 2;
   c.hold_buckets[Histogram::bucket_index(0.002)] = 3;
   c.hold_sum_ns = 6'000'000;
+  c.rate_limited = 4;
+  c.rate_limit_wait_ms = 2500;
+  c.concurrency_limited = 5;
+  c.concurrency_limit_wait_ms = 120;
   const std::string t = fleet_to_prometheus(totals, true);
   EXPECT_NE(t.find("# TYPE jobguard_fleet_lock_acquisitions_total counter\n"), std::string::npos) << t;
   EXPECT_NE(t.find("jobguard_fleet_lock_acquisitions_total{class=\"bill\\\"ing\"} 3\n"), std::string::npos) << t;
@@ -256,6 +276,14 @@ TEST(FleetExposition, EveryFamilyHasHelpAndTypeAndClassLabels) {
       << t;
   EXPECT_NE(t.find("jobguard_fleet_lock_hold_seconds_count{class=\"bill\\\"ing\"} 3\n"), std::string::npos) << t;
   EXPECT_NE(t.find("jobguard_fleet_lock_hold_seconds_sum{class=\"bill\\\"ing\"} 0.006\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("# TYPE jobguard_fleet_job_rate_limited_total counter\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("jobguard_fleet_job_rate_limited_total{class=\"bill\\\"ing\"} 4\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("jobguard_fleet_job_rate_limit_wait_seconds_total{class=\"bill\\\"ing\"} 2.5\n"), std::string::npos)
+      << t;
+  EXPECT_NE(t.find("jobguard_fleet_job_concurrency_limited_total{class=\"bill\\\"ing\"} 5\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("jobguard_fleet_job_concurrency_limit_wait_seconds_total{class=\"bill\\\"ing\"} 0.12\n"),
+            std::string::npos)
+      << t;
   EXPECT_NE(t.find("jobguard_fleet_up 1\n"), std::string::npos);
   EXPECT_NE(fleet_to_prometheus({}, false).find("jobguard_fleet_up 0\n"), std::string::npos);
 }
