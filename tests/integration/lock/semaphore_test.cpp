@@ -69,6 +69,71 @@ TEST_F(SemaphoreTest, NHoldersAreGrantedDistinctSlotsAndTheNextIsBusy) {
   EXPECT_EQ(again->permit_slot(), freed);
 }
 
+// The holders' key (sem_acquire.lua): every slot below its member count has
+// exactly one member, a live or expired holder "<token> <slot>" or a
+// "free:<slot>", and nothing is above it.
+void expect_slots_covered(redis::Client& c, const std::string& key) {
+  const auto all = c.exec(redis::Command{"ZRANGE", key, "0", "-1"});
+  std::set<int> seen;
+  for (const auto& m : all.elements) {
+    const auto sp = m.str.rfind(m.str.rfind(' ') == std::string::npos ? ':' : ' ');
+    ASSERT_NE(sp, std::string::npos) << m.str;
+    const int slot = std::stoi(m.str.substr(sp + 1));
+    EXPECT_TRUE(seen.insert(slot).second) << "slot " << slot << " twice in " << key;
+  }
+  if (!seen.empty()) {
+    EXPECT_EQ(*seen.rbegin(), static_cast<int>(all.elements.size()) - 1) << key;
+  }
+}
+
+TEST_F(SemaphoreTest, SlotsStayDistinctThroughReleasesExpiriesAndALoweredCount) {
+  const auto r = resource("slots");
+  const auto key = svc->keys().permit_holders_key(r);
+  std::vector<Lock> held;
+  for (int i = 0; i < 6; ++i) {
+    auto p = svc->acquire(r, permits(6));
+    ASSERT_TRUE(p);
+    held.push_back(std::move(*p));
+  }
+  // Slots 1 and 4 released, 2 left to expire (a crashed holder), 3 expired
+  // and then renewed too late.
+  EXPECT_TRUE(held[1].release());
+  EXPECT_TRUE(held[4].release());
+  expect_slots_covered(*client, key);
+  client->exec(redis::Command{"ZADD", key, "XX", "1", held[2].token() + " 2"});
+  client->exec(redis::Command{"ZADD", key, "XX", "1", held[3].token() + " 3"});
+  EXPECT_FALSE(held[3].extend(10s));
+  expect_slots_covered(*client, key);
+  EXPECT_EQ(inspect_semaphore(*svc, r).holders.size(), 2u);  // 0 and 5: 2 expired, 3 gone
+  // The lowest free slots first: 1, then 2 (swept now), 3, 4, never two alike.
+  std::vector<int> got;
+  for (int i = 0; i < 3; ++i) {
+    auto p = svc->acquire(r, permits(6));
+    ASSERT_TRUE(p);
+    got.push_back(p->permit_slot());
+    held.push_back(std::move(*p));
+    expect_slots_covered(*client, key);
+  }
+  EXPECT_EQ(got, (std::vector<int>{1, 2, 3}));
+  // Lowered to 3 with 5 held (0, 1, 2, 3, 5): nothing until fewer than 3,
+  // then a slot below 3 (free members 0, 2, 4, 5).
+  set_permits(*svc, r, 3);
+  EXPECT_FALSE(svc->acquire(r, permits(6)));
+  for (auto* l : {&held[0], &held[7], &held[5]}) {
+    EXPECT_TRUE(l->release()) << "slot " << l->permit_slot();
+  }
+  expect_slots_covered(*client, key);
+  auto low = svc->acquire(r, permits(6));
+  ASSERT_TRUE(low);
+  EXPECT_LT(low->permit_slot(), 3);
+  expect_slots_covered(*client, key);
+  // The last holder out takes the key with it.
+  for (auto* l : {&held[6], &held[8], &*low}) {
+    EXPECT_TRUE(l->release());
+  }
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
+}
+
 TEST_F(SemaphoreTest, AWaiterIsWokenByTheReleaseNotByItsPoll) {
   const auto r = resource("pay");
   auto a = svc->acquire(r, permits(2));
