@@ -26,26 +26,29 @@ if ARGV[7] ~= '' then
   local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
   if ev ~= tonumber(ARGV[7]) then return {-1, ev or -1} end
 end
+-- Numbers go to Redis as strings made with '%d' here: a Lua number passed
+-- as it is is printed with '%.17g', which costs more than the command.
 local FREE = 1e15
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = string.format('%d', now_ms)
 local ttl = tonumber(ARGV[2])
 local waiter = ARGV[8]
 local holders = KEYS[1]
 
 -- A lease ends at its expiry by the server's clock and not a moment before:
 -- a crashed holder's permit comes back here, on the first attempt after it.
-local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
+local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
 if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms)
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
   for _, m in ipairs(gone) do
     local s = tonumber(string.match(m, ' (%d+)$'))
-    if s then redis.call('ZADD', holders, FREE + s, 'free:' .. s) end
+    if s then redis.call('ZADD', holders, string.format('%d', FREE + s), 'free:' .. s) end
   end
 end
 
 local n = tonumber(redis.call('GET', KEYS[5]) or ARGV[4]) or tonumber(ARGV[4])
-local live = redis.call('ZCOUNT', holders, '-inf', '(' .. FREE)
+local live = redis.call('ZCOUNT', holders, '-inf', '(1000000000000000')
 local free = n - live
 -- FIFO: the permits free now go to the first `free` waiters in line; a
 -- newcomer (or a try-once acquire) comes after all of them. An empty line
@@ -54,7 +57,7 @@ local ahead, in_line = 0, false
 if free > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   -- A waiter that stopped refreshing its place (crashed, paused) must not
   -- hold up the line behind it.
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
   for _, w in ipairs(dead) do
     redis.call('ZREM', KEYS[3], w)
     redis.call('ZREM', KEYS[4], w)
@@ -73,15 +76,15 @@ if free > ahead then
   -- Below n either way: fewer than n holders leave a slot below n free, and
   -- holders above a lowered count keep theirs until they leave.
   local slot
-  local f = redis.call('ZRANGEBYSCORE', holders, FREE, '+inf', 'LIMIT', 0, 1)
+  local f = redis.call('ZRANGEBYSCORE', holders, '1000000000000000', '+inf', 'LIMIT', '0', '1')
   if f[1] then
     redis.call('ZREM', holders, f[1])
     slot = tonumber(string.sub(f[1], 6))
   else
     slot = redis.call('ZCARD', holders)
   end
-  redis.call('ZADD', holders, now_ms + ttl, ARGV[1] .. ' ' .. slot)
-  if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ttl) end
+  redis.call('ZADD', holders, string.format('%d', now_ms + ttl), ARGV[1] .. ' ' .. slot)
+  if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ARGV[2]) end
   if in_line then
     redis.call('ZREM', KEYS[3], waiter)
     redis.call('ZREM', KEYS[4], waiter)
@@ -104,7 +107,7 @@ if waiter ~= '' and ARGV[5] == '1' then
   redis.call('PEXPIRE', KEYS[3], lease * 2)
   redis.call('PEXPIRE', KEYS[4], lease * 2)
 end
-local soonest = redis.call('ZRANGEBYSCORE', holders, '-inf', '(' .. FREE, 'WITHSCORES', 'LIMIT', 0, 1)
+local soonest = redis.call('ZRANGEBYSCORE', holders, '-inf', '(1000000000000000', 'WITHSCORES', 'LIMIT', '0', '1')
 local left = -1
 if soonest[2] then left = tonumber(soonest[2]) - now_ms end
 return {0, left, n}

@@ -5,38 +5,40 @@
 --       4 '1' on a Redis Cluster: SPUBLISH (the channel has the hash tag)
 -- Returns 1 when released, 0 when the permit was not ours (any more).
 -- The holders' layout and its invariant: sem_acquire.lua.
+-- Numbers as strings, as in sem_acquire.lua.
 local FREE = 1e15
 local holders = KEYS[1]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = string.format('%d', now_ms)
 local exp = redis.call('ZSCORE', holders, ARGV[1])
 if not exp then return 0 end
 redis.call('ZREM', holders, ARGV[1])
 -- The slot is free either way (an expired entry was only not yet swept).
 -- With no holder left the whole key goes: an empty semaphore leaves nothing.
-if redis.call('ZCOUNT', holders, '-inf', '(' .. FREE) == 0 then
+if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
   redis.call('DEL', holders)
 else
   local s = string.match(ARGV[1], ' (%d+)$')
-  redis.call('ZADD', holders, FREE + tonumber(s), 'free:' .. s)
+  redis.call('ZADD', holders, string.format('%d', FREE + tonumber(s)), 'free:' .. s)
 end
 if tonumber(exp) <= now_ms then return 0 end
 -- Nobody waits (the common case): nothing to wake.
 if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
-local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
+local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
 if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms)
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
   for _, m in ipairs(gone) do
     local g = tonumber(string.match(m, ' (%d+)$'))
-    if g then redis.call('ZADD', holders, FREE + g, 'free:' .. g) end
+    if g then redis.call('ZADD', holders, string.format('%d', FREE + g), 'free:' .. g) end
   end
 end
 local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[3]) or tonumber(ARGV[3])
-local free = n - redis.call('ZCOUNT', holders, '-inf', '(' .. FREE)
+local free = n - redis.call('ZCOUNT', holders, '-inf', '(1000000000000000')
 if free <= 0 then return 1 end
 -- Wake by name the waiters the free permits now belong to (sem_acquire.lua's
 -- FIFO rule), not the herd: the others would only find themselves behind.
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for _, w in ipairs(dead) do
   redis.call('ZREM', KEYS[2], w)
   redis.call('ZREM', KEYS[3], w)
