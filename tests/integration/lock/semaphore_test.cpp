@@ -134,6 +134,43 @@ TEST_F(SemaphoreTest, SlotsStayDistinctThroughReleasesExpiriesAndALoweredCount) 
   EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
 }
 
+TEST_F(SemaphoreTest, AForceReleaseFreesOnePermitAdvancesTheFenceAndIsListed) {
+  const auto r = resource("ops");
+  const auto key = svc->keys().permit_holders_key(r);
+  auto a = svc->acquire(r, permits(3));
+  auto b = svc->acquire(r, permits(3));
+  ASSERT_TRUE(a && b);
+  const auto sems = admin::list_semaphores(*svc, {.prefix = r});
+  ASSERT_EQ(sems.size(), 1u);
+  EXPECT_EQ(sems[0].holders.size(), 2u);
+  const std::string owner = token_owner(a->token());
+  admin::PermitReleaseOptions o{.reason = "test"};
+  EXPECT_THROW(admin::force_release_permit(*svc, r, o), Error);  // which permit?
+  o.holder = owner;  // this process holds both: ambiguous
+  try {
+    admin::force_release_permit(*svc, r, o);
+    FAIL() << "an owner of two permits released without a slot";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::invalid_argument));
+    EXPECT_NE(std::string(e.what()).find("holds 2 permits"), std::string::npos) << e.what();
+  }
+  o.slot = b->permit_slot();
+  const auto res = admin::force_release_permit(*svc, r, o);
+  ASSERT_EQ(res.outcome, admin::ForceReleaseResult::Outcome::released);
+  EXPECT_EQ(res.permit_slot, b->permit_slot());
+  EXPECT_EQ(res.holder, owner);
+  EXPECT_GT(res.new_fence, *b->fence());
+  EXPECT_FALSE(res.audit_id.empty());
+  expect_slots_covered(*client, key);
+  EXPECT_FALSE(b->extend(10s));
+  EXPECT_FALSE(b->release());
+  EXPECT_EQ(admin::force_release_permit(*svc, r, o).outcome, admin::ForceReleaseResult::Outcome::not_held);
+  auto c = svc->acquire(r, permits(3));
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->permit_slot(), res.permit_slot);
+  EXPECT_GT(*c->fence(), res.new_fence);
+}
+
 TEST_F(SemaphoreTest, AWaiterIsWokenByTheReleaseNotByItsPoll) {
   const auto r = resource("pay");
   auto a = svc->acquire(r, permits(2));
