@@ -1,30 +1,39 @@
--- Give a permit back: only its holder may (the member names its token), and
--- a lease that already ended by the server's clock is not ours to give.
+-- Give permits back: only its holder may give a permit back (the member
+-- names its token), and a lease that already ended by the server's clock is
+-- not ours to give. One call gives back every permit of one resource that a
+-- process released in the same turn of its event loop (SemaphoreCalls,
+-- semaphore.cpp): the fixed part below (the clock, the line) is paid once.
 -- KEYS: 1 holders, 2 waiters' line, 3 the line's liveness, 4 stored permit count
--- ARGV: 1 member ("<token> <slot>"), 2 wake channel, 3 permits asked for,
---       4 '1' on a Redis Cluster: SPUBLISH (the channel has the hash tag)
--- Returns 1 when released, 0 when the permit was not ours (any more).
+-- ARGV: 1 wake channel, 2 permits asked for, 3 '1' on a Redis Cluster:
+--       SPUBLISH (the channel has the hash tag), 4.. members ("<token> <slot>")
+-- Returns, per member, 1 when released, 0 when the permit was not ours (any more).
 -- The holders' layout and its invariant: sem_acquire.lua.
--- Numbers as strings, as in sem_acquire.lua.
 local FREE = 1e15
 local holders = KEYS[1]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = string.format('%d', now_ms)
-local exp = redis.call('ZSCORE', holders, ARGV[1])
-if not exp then return 0 end
-redis.call('ZREM', holders, ARGV[1])
--- The slot is free either way (an expired entry was only not yet swept).
--- With no holder left the whole key goes: an empty semaphore leaves nothing.
-if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
-  redis.call('DEL', holders)
-else
-  local s = string.match(ARGV[1], ' (%d+)$')
-  redis.call('ZADD', holders, string.format('%d', FREE + tonumber(s)), 'free:' .. s)
+local out, any = {}, false
+for i = 4, #ARGV do
+  local m = ARGV[i]
+  local exp = redis.call('ZSCORE', holders, m)
+  out[i - 3] = 0
+  if exp then
+    redis.call('ZREM', holders, m)
+    -- The slot is free either way (an expired entry was only not yet swept).
+    local s = string.match(m, ' (%d+)$')
+    redis.call('ZADD', holders, string.format('%d', FREE + tonumber(s)), 'free:' .. s)
+    if tonumber(exp) > now_ms then
+      out[i - 3] = 1
+      any = true
+    end
+  end
 end
-if tonumber(exp) <= now_ms then return 0 end
+-- With no holder left the whole key goes: an empty semaphore leaves nothing.
+if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then redis.call('DEL', holders) end
+if not any then return out end
 -- Nobody waits (the common case): nothing to wake.
-if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+if redis.call('EXISTS', KEYS[2]) == 0 then return out end
 local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
@@ -33,9 +42,9 @@ if #gone > 0 then
     if g then redis.call('ZADD', holders, string.format('%d', FREE + g), 'free:' .. g) end
   end
 end
-local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[3]) or tonumber(ARGV[3])
+local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[2]) or tonumber(ARGV[2])
 local free = n - redis.call('ZCOUNT', holders, '-inf', '(1000000000000000')
-if free <= 0 then return 1 end
+if free <= 0 then return out end
 -- Wake by name the waiters the free permits now belong to (sem_acquire.lua's
 -- FIFO rule), not the herd: the others would only find themselves behind.
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
@@ -43,8 +52,8 @@ for _, w in ipairs(dead) do
   redis.call('ZREM', KEYS[2], w)
   redis.call('ZREM', KEYS[3], w)
 end
-local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
+local publish = ARGV[3] == '1' and 'SPUBLISH' or 'PUBLISH'
 for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, free - 1)) do
-  redis.call(publish, ARGV[2], 'wake ' .. w)
+  redis.call(publish, ARGV[1], 'wake ' .. w)
 end
-return 1
+return out
