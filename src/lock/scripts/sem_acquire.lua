@@ -21,8 +21,9 @@
 -- slot without reading every holder and one key holds all of it (it expires,
 -- is evicted or is lost whole, never in part):
 --   "<token> <slot>"  a holder, scored by its lease's expiry (server ms);
---   "free:<slot>"     a slot nobody holds, scored 1e15 + slot (after every
---                     expiry, lowest slot first).
+--   "free:<slot>"     a slot nobody holds, scored 1e15 + 10000 - slot: after
+--                     every expiry, and the lowest free slot last, where
+--                     reading and taking it is O(1) (the key's tail).
 -- Invariant: with H = ZCARD, each slot in [0, H) has exactly one member and
 -- none is >= H. Every script that removes a holder adds its slot's free
 -- member in the same step (sem_release.lua, sem_extend.lua, the admin's).
@@ -50,7 +51,7 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
   for _, m in ipairs(gone) do
     local s = tonumber(string.match(m, ' (%d+)$'))
-    if s then redis.call('ZADD', holders, string.format('%d', FREE + s), 'free:' .. s) end
+    if s then redis.call('ZADD', holders, string.format('%d', FREE + 10000 - s), 'free:' .. s) end
   end
 end
 
@@ -93,9 +94,9 @@ for i = 1, items do
     -- Below n either way: fewer than n holders leave a slot below n free,
     -- and holders above a lowered count keep theirs until they leave.
     local slot
-    local f = redis.call('ZRANGEBYSCORE', holders, '1000000000000000', '+inf', 'LIMIT', '0', '1')
-    if f[1] then
-      redis.call('ZREM', holders, f[1])
+    local f = redis.call('ZRANGE', holders, '-1', '-1', 'WITHSCORES')
+    if f[2] and tonumber(f[2]) > FREE then
+      redis.call('ZPOPMAX', holders)
       slot = tonumber(string.sub(f[1], 6))
     else
       slot = redis.call('ZCARD', holders)

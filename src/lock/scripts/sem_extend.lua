@@ -9,7 +9,7 @@ if not exp then return 0 end
 if tonumber(exp) <= now_ms then
   redis.call('ZREM', KEYS[1], ARGV[1])
   local s = string.match(ARGV[1], ' (%d+)$')
-  redis.call('ZADD', KEYS[1], 1e15 + tonumber(s), 'free:' .. s)
+  redis.call('ZADD', KEYS[1], string.format('%d', 1e15 + 10000 - tonumber(s)), 'free:' .. s)
   return 0
 end
 local ttl = tonumber(ARGV[2])

@@ -37,7 +37,7 @@ redis.call('ZREM', KEYS[1], found)
 if redis.call('ZCOUNT', KEYS[1], '-inf', '(1000000000000000') == 0 then
   redis.call('DEL', KEYS[1])
 else
-  redis.call('ZADD', KEYS[1], string.format('%d', 1e15 + tonumber(slot)), 'free:' .. slot)
+  redis.call('ZADD', KEYS[1], string.format('%d', 1e15 + 10000 - tonumber(slot)), 'free:' .. slot)
 end
 local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fence = string.format('%d', math.max((tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1, floor))

@@ -22,7 +22,7 @@ for i = 4, #ARGV do
     redis.call('ZREM', holders, m)
     -- The slot is free either way (an expired entry was only not yet swept).
     local s = string.match(m, ' (%d+)$')
-    redis.call('ZADD', holders, string.format('%d', FREE + tonumber(s)), 'free:' .. s)
+    redis.call('ZADD', holders, string.format('%d', FREE + 10000 - tonumber(s)), 'free:' .. s)
     if tonumber(exp) > now_ms then
       out[i - 3] = 1
       any = true
@@ -39,7 +39,7 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
   for _, m in ipairs(gone) do
     local g = tonumber(string.match(m, ' (%d+)$'))
-    if g then redis.call('ZADD', holders, string.format('%d', FREE + g), 'free:' .. g) end
+    if g then redis.call('ZADD', holders, string.format('%d', FREE + 10000 - g), 'free:' .. g) end
   end
 end
 local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[2]) or tonumber(ARGV[2])
