@@ -60,7 +60,8 @@ local live = redis.call('ZCOUNT', holders, '-inf', '(1000000000000000')
 local line = redis.call('EXISTS', KEYS[3]) == 1
 local swept_line = false
 local fence, fenced, max_ttl = nil, false, 0
-local left = nil
+local stored_soonest = nil  -- the soonest lease end among the holders stored before this call
+local granted = {}          -- {item, expiry ms, token} of each grant, in order
 for i = 1, items do
   local a = 2 + (i - 1) * 6
   local token, ttl, waiter = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 6]
@@ -90,20 +91,9 @@ for i = 1, items do
   end
 
   if free > ahead then
-    -- The lowest free slot: the first free member, or H when there is none.
-    -- Below n either way: fewer than n holders leave a slot below n free,
-    -- and holders above a lowered count keep theirs until they leave.
-    local slot
-    local f = redis.call('ZRANGE', holders, '-1', '-1', 'WITHSCORES')
-    if f[2] and tonumber(f[2]) > FREE then
-      redis.call('ZPOPMAX', holders)
-      slot = tonumber(string.sub(f[1], 6))
-    else
-      slot = redis.call('ZCARD', holders)
-    end
-    redis.call('ZADD', holders, string.format('%d', now_ms + ttl), token .. ' ' .. slot)
+    -- Granted; its slot is given below, with the others'.
     live = live + 1
-    left = nil
+    granted[#granted + 1] = {i, now_ms + ttl, token}
     if ttl > max_ttl then max_ttl = ttl end
     if in_line then
       redis.call('ZREM', KEYS[3], waiter)
@@ -118,7 +108,7 @@ for i = 1, items do
       fenced = true
       f_out = fence
     end
-    out[i] = {1, f_out, slot, n}
+    out[i] = {1, f_out, -1, n}
   else
     if waiter ~= '' and ARGV[a + 4] == '1' then
       local lease = tonumber(ARGV[a + 5])
@@ -128,13 +118,46 @@ for i = 1, items do
       redis.call('PEXPIRE', KEYS[4], string.format('%d', lease * 2))
       line = true
     end
-    if not left then
+    if not stored_soonest then
       local soonest = redis.call('ZRANGEBYSCORE', holders, '-inf', '(1000000000000000', 'WITHSCORES', 'LIMIT', '0', '1')
-      left = -1
-      if soonest[2] then left = tonumber(soonest[2]) - now_ms end
+      stored_soonest = soonest[2] and tonumber(soonest[2]) or -1
     end
+    local soonest = stored_soonest
+    for _, g in ipairs(granted) do
+      if soonest < 0 or g[2] < soonest then soonest = g[2] end
+    end
+    local left = -1
+    if soonest >= 0 then left = soonest - now_ms end
     out[i] = {0, left, n}
   end
+end
+
+if #granted > 0 then
+  -- The lowest free slots, in order: the free members first (the lowest is
+  -- the key's last member), then H, H + 1, ... Below n for each grant, as
+  -- each was made with fewer than n holders: fewer than n holders leave a
+  -- slot below n free, and holders above a lowered count keep theirs until
+  -- they leave.
+  local g = #granted
+  local h = redis.call('ZCARD', holders)
+  local tail = redis.call('ZRANGE', holders, string.format('%d', -g), '-1', 'WITHSCORES')
+  local slots = {}
+  for j = #tail - 1, 1, -2 do
+    if tonumber(tail[j + 1]) <= FREE then break end
+    slots[#slots + 1] = tonumber(string.sub(tail[j], 6))
+  end
+  if #slots > 0 then redis.call('ZPOPMAX', holders, string.format('%d', #slots)) end
+  while #slots < g do
+    slots[#slots + 1] = h
+    h = h + 1
+  end
+  local add = {}
+  for k, gr in ipairs(granted) do
+    add[#add + 1] = string.format('%d', gr[2])
+    add[#add + 1] = gr[3] .. ' ' .. slots[k]
+    out[gr[1]][3] = slots[k]
+  end
+  redis.call('ZADD', holders, unpack(add))
 end
 if max_ttl > 0 and redis.call('PTTL', holders) < max_ttl then
   redis.call('PEXPIRE', holders, string.format('%d', max_ttl))
