@@ -183,7 +183,7 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   const KeyBuilder keys;
   const std::string grant_channel;
   const bool sharded;  // a Redis Cluster: sharded pub/sub
-  // Permits given back, one script call per resource per turn of the loop.
+  // Semaphore attempts and releases: one script call per resource per turn of the loop.
   std::shared_ptr<detail::SemaphoreCalls> semaphore_calls;
 
   // Where a release tells a fair waiter of ours on `resource` that it has the
