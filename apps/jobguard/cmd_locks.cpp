@@ -26,6 +26,7 @@ constexpr const char* kLocksHelp = R"(Live locks: who holds what, for how much l
   jobguard locks ls [--prefix P] [--class C --catalog FILE] [--limit N] [--scan-count 1000]
   jobguard locks show KEY       (with the permit holders of KEY's semaphore, if any)
   jobguard locks release KEY --reason TEXT [--holder OWNER]
+  jobguard locks release KEY --reason TEXT --permit [--slot N] [--holder OWNER]
   jobguard locks audit [--count 100]
 
 KEY is the resource ("invoice:48291") or its Redis key ("jobguard:lock:{invoice:48291}").
@@ -44,6 +45,14 @@ script. It does not stop the old holder: only a downstream that checks fences
 refuses its late writes (docs/operations.md). --holder OWNER releases only if
 the holder is still OWNER (as ls printed it).
 
+ls also lists the semaphores with live permits (holders, the stored count or
+"-" when each acquire brings its own, waiters). release --permit (implied by
+--slot) force-releases ONE permit of KEY's semaphore the same way: the permit
+in slot N (only while OWNER holds it, with --holder too), or OWNER's one
+permit (--holder alone; an owner holding several must name the slot); its
+slot comes free, the fence advances, the waiters are woken, the audit record
+names the holder and the slot (docs/semaphore.md).
+
 Exit status: 0 ok (release: released, or the lock was already free);
 75 release --holder: the lock is held by someone else.)";
 
@@ -54,6 +63,8 @@ struct LocksArgs {
   std::size_t limit = 0, scan_count = 1000;
   // show / release
   std::string key, reason, holder;
+  bool permit = false;
+  std::optional<int> slot;
   // audit
   std::size_t count = 100;
 };
@@ -89,7 +100,25 @@ int run_ls(const Globals& g, const LocksArgs& a) {
       return admin::ClassTag{c->lock_class.name, c->lock_class.fenced};
     };
   const auto res = admin::list_locks(*service, lo);
-  std::cout << (g.json ? admin::list_json(res, class_of) + "\n" : admin::format_list(res, class_of));
+  const auto sems = admin::list_semaphores(*service, lo);
+  if (g.json) {
+    auto j = nlohmann::json::parse(admin::list_json(res, class_of));
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& s : sems)
+      arr.push_back({{"resource", s.resource}, {"key", s.key}, {"holders", s.holders.size()},
+                     {"stored_permits", s.stored_permits ? nlohmann::json(*s.stored_permits) : nlohmann::json()},
+                     {"waiters", s.waiters}});
+    j["semaphores"] = arr;
+    std::cout << j.dump() << "\n";
+    return exit_code::ok;
+  }
+  std::cout << admin::format_list(res, class_of);
+  if (!sems.empty()) {
+    std::cout << fmt::format("\n{:<40} {:>7} {:>7} {:>7}\n", "SEMAPHORE", "HOLDERS", "PERMITS", "WAITING");
+    for (const auto& s : sems)
+      std::cout << fmt::format("{:<40} {:>7} {:>7} {:>7}\n", s.resource, s.holders.size(),
+                               s.stored_permits ? std::to_string(*s.stored_permits) : std::string("-"), s.waiters);
+  }
   return exit_code::ok;
 }
 
@@ -125,12 +154,40 @@ int run_show(const Globals& g, const LocksArgs& a) {
   return exit_code::ok;
 }
 
+int run_release_permit(const Globals& g, const LocksArgs& a, LockService& service, const std::string& resource) {
+  admin::PermitReleaseOptions po;
+  po.reason = a.reason;
+  po.slot = a.slot;
+  po.holder = a.holder;
+  if (!po.slot && po.holder.empty())
+    throw Error(errc::invalid_argument, "release --permit needs --slot N or --holder OWNER: which permit");
+  const auto r = admin::force_release_permit(service, resource, po);
+  using O = admin::ForceReleaseResult::Outcome;
+  if (g.json) {
+    auto j = nlohmann::json::parse(admin::release_json(resource, r));
+    j["slot"] = r.outcome == O::released ? nlohmann::json(r.permit_slot) : nlohmann::json();
+    std::cout << j.dump() << "\n";
+  } else if (r.outcome == O::released) {
+    std::cout << fmt::format("released the permit of {} in slot {}: holder {}, {} left; fence advanced to {}; "
+                             "audit {}{}\n",
+                             resource, r.permit_slot, r.holder, format_duration(r.ttl_left), r.new_fence, r.audit_id,
+                             r.unconfirmed.empty() ? std::string() : "; NOT CONFIRMED: " + r.unconfirmed);
+  } else if (r.outcome == O::holder_changed) {
+    std::cerr << fmt::format("jobguard locks release: slot {} of {} is held by {}, not {}: left alone\n", *a.slot,
+                             resource, r.holder, a.holder);
+  } else {
+    std::cout << fmt::format("no live permit of {} matches: nothing released\n", resource);
+  }
+  return r.outcome == O::holder_changed ? exit_code::busy : exit_code::ok;
+}
+
 int run_release(const Globals& g, const LocksArgs& a) {
   KeyBuilder keys(a.key_prefix);
   const auto resource = admin::parse_resource(keys, a.key);
   if (a.reason.empty()) throw Error(errc::invalid_argument, "--reason is required: it goes into the audit record");
   auto client = connect_locks(g);
   auto service = LockService::create(*client, keys);
+  if (a.permit || a.slot) return run_release_permit(g, a, *service, resource);
   admin::ForceReleaseOptions fo;
   fo.reason = a.reason;
   fo.expect_holder = a.holder;
@@ -183,6 +240,9 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   rel->add_option("KEY", a->key, "Resource or lock key")->required();
   rel->add_option("--reason", a->reason, "Why (goes into the audit record)")->required();
   rel->add_option("--holder", a->holder, "Release only if this is still the holder (host/pid/job)");
+  rel->add_flag("--permit", a->permit, "Release one permit of KEY's semaphore (by --slot and/or --holder)");
+  rel->add_option("--slot", a->slot, "The permit's slot (implies --permit)")
+      ->check(CLI::Range(0, LockOptions::kMaxPermits - 1));
   out.emplace_back(rel, [&g, a] { return run_release(g, *a); });
 
   auto* audit = locks->add_subcommand("audit", "Force releases and the dashboard's other actions, newest first");

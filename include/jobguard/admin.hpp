@@ -71,6 +71,7 @@ struct ForceReleaseResult {
   std::chrono::milliseconds ttl_left{0};  // what its lock still had
   std::int64_t new_fence = 0;             // the fence advanced to (released only)
   std::string audit_id;                   // the stream entry id (released only)
+  int permit_slot = -1;                   // force_release_permit: the slot freed (released only)
   // With the connection's `replicas` option set, the release and its fence
   // advance are confirmed with WAIT like a grant. Empty when confirmed (or
   // none was asked); otherwise what the confirmation found ("0 of 1 replicas

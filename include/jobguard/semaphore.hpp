@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "jobguard/admin.hpp"
 #include "jobguard/lock.hpp"
 
 namespace jobguard {
@@ -62,5 +63,38 @@ SemaphoreInfo inspect_semaphore(LockService& service, std::string_view resource)
 void set_permits(LockService& service, std::string_view resource, int permits);
 // Forgets the stored count (each acquire's own count applies again).
 void clear_permits(LockService& service, std::string_view resource);
+
+namespace admin {
+
+// Which permit an operator force-releases: its slot, or its holder (the
+// token_owner "host/pid/job" that `locks show` prints), or both (the slot,
+// only while that holder has it).
+struct PermitReleaseOptions {
+  std::string reason;  // required: goes into the audit record
+  std::string who;     // default empty = default_who()
+  std::optional<int> slot;
+  std::string holder;
+  std::size_t audit_maxlen = 10000;
+};
+
+// The mutex's force_release for one permit of `resource`'s semaphore, in one
+// script: removes that live holder (its slot comes free), advances the
+// resource's fence past every fence issued, wakes the waiters and appends an
+// audit record (holder "host/pid/job (slot N)"). Like the mutex's, it does
+// not stop the old holder: its renewal finds the permit gone and a
+// downstream that fences each slot refuses its late writes. Outcomes:
+// released; not_held (no live permit matches); holder_changed (the slot is
+// someone else's now). Throws Error(invalid_argument) without a reason,
+// without a slot or holder, or when the holder alone names more than one
+// permit; Error on Redis failures. Blocking.
+ForceReleaseResult force_release_permit(LockService& service, std::string_view resource,
+                                        const PermitReleaseOptions& opts);
+
+// The semaphores of `service`'s key prefix that have live holders, sorted by
+// resource (SCAN of the holders' keys, then one inspect each; `opts` as for
+// list_locks, its filter and limit included). Blocking.
+std::vector<SemaphoreInfo> list_semaphores(LockService& service, const ListOptions& opts = {});
+
+}  // namespace admin
 
 }  // namespace jobguard

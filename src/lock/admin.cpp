@@ -16,6 +16,7 @@
 #include "jobguard/redis/client.hpp"
 #include "lock/inspect_internal.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/scan_internal.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -88,29 +89,6 @@ std::string audit_key(const KeyBuilder& keys, std::string_view resource) {
   return fmt::format("{}:audit:{{{}}}", keys.prefix(), resource);
 }
 
-namespace {
-// Every key that matches `match`, on every primary (SCAN sees only the node it
-// runs on): one visit per node, in the order primaries() gives.
-template <class Batch>
-void scan_everywhere(redis::Client& client, const std::string& match, std::size_t count_hint, std::uint64_t* calls,
-                     Batch&& batch) {
-  const std::string count = std::to_string(count_hint);
-  const auto nodes = client.options().cluster ? client.primaries() : std::vector<std::string>{""};
-  for (const auto& node : nodes) {
-    std::string cursor = "0";
-    do {
-      auto r = client.exec(redis::Command{"SCAN", cursor, "MATCH", match, "COUNT", count}, {.node = node});
-      if (calls) ++*calls;
-      if (!r.is_array() || r.elements.size() != 2 || !r.elements[1].is_array())
-        throw Error(errc::protocol_error, fmt::format("SCAN on {}: unexpected reply {}",
-                                                      node.empty() ? client.address() : node,
-                                                      redis::to_debug_string(r)));
-      cursor = r.elements[0].str;
-      if (!batch(r.elements[1].elements)) return;
-    } while (cursor != "0");
-  }
-}
-}  // namespace
 
 std::string default_who() {
   std::string user;
@@ -133,7 +111,7 @@ ListResult list_locks(LockService& service, const ListOptions& opts) {
   ListResult res;
   // On a Redis Cluster each primary is scanned in turn; the locks found are
   // inspected through the cluster client, each on its own slot's node.
-  scan_everywhere(service.client(), match, opts.scan_count, &res.stats.scan_calls,
+  ::jobguard::detail::scan_everywhere(service.client(), match, opts.scan_count, &res.stats.scan_calls,
                   [&](const std::vector<redis::Reply>& found) {
                     std::vector<std::string> batch;
                     for (const auto& k : found) {
@@ -216,7 +194,7 @@ std::vector<AuditRecord> read_audit(LockService& service, std::size_t count) {
   // (force_release): the newest `count` of each, merged newest first.
   std::vector<std::string> streams = {audit_key(service.keys())};
   if (client.options().cluster)
-    scan_everywhere(client, ::jobguard::detail::glob_escape(service.keys().prefix() + ":audit:{") + "*}", 1000, nullptr,
+    ::jobguard::detail::scan_everywhere(client, ::jobguard::detail::glob_escape(service.keys().prefix() + ":audit:{") + "*}", 1000, nullptr,
                     [&](const std::vector<redis::Reply>& found) {
                       for (const auto& k : found) streams.push_back(k.str);
                       return true;

@@ -121,23 +121,6 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
   }
 }
 
-// Gives a permit back (sem_release.lua), which wakes by name the waiters the
-// freed permits now belong to.
-void release_permit(redis::Client& client, const KeyBuilder& keys, const std::string& resource,
-                    const std::string& member, int permits, LockService::ReleaseHandler done) {
-  auto on_reply = [done = std::move(done), c = &client](std::error_code ec, redis::Reply r) {
-    if (!done) return;
-    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
-    done(Error(), r.is_integer() && r.integer == 1);
-  };
-  client.async_eval(detail::sem_release_script(),
-                    {keys.permit_holders_key(resource), keys.permit_line_key(resource),
-                     keys.permit_line_expiry_key(resource), keys.permit_count_key(resource)},
-                    {member, keys.permit_channel(resource), std::to_string(permits),
-                     client.options().cluster ? "1" : "0"},
-                    std::move(on_reply));
-}
-
 // A grant channel name no other service can share: from the OS source like a
 // token (a seeded generator would repeat itself in a forked child, and two
 // services on one channel would take each other's grants).
@@ -190,7 +173,8 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
         clock(clk),
         keys(std::move(k)),
         grant_channel(grant_channel_name(keys)),
-        sharded(c.options().cluster) {}
+        sharded(c.options().cluster),
+        semaphore_calls(std::make_shared<detail::SemaphoreCalls>(c)) {}
 
   // The client outlives the service and so every handler that finds us alive.
   redis::Client& client;
@@ -199,6 +183,8 @@ struct LockService::Impl : std::enable_shared_from_this<LockService::Impl> {
   const KeyBuilder keys;
   const std::string grant_channel;
   const bool sharded;  // a Redis Cluster: sharded pub/sub
+  // Semaphore attempts and releases: one script call per resource per turn of the loop.
+  std::shared_ptr<detail::SemaphoreCalls> semaphore_calls;
 
   // Where a release tells a fair waiter of ours on `resource` that it has the
   // lock. On a cluster "<prefix>:grant:{resource}:<id>", in the lock's slot.
@@ -556,8 +542,8 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   // Hands back a grant this waiter will not use (unchecked, unconfirmed).
   void release_grant() {
     if (opts_.permits > 0) {
-      release_permit(svc_->client(), svc_->keys(), resource_, detail::permit_member(token_, slot_), opts_.permits,
-                     nullptr);
+      impl_->semaphore_calls->release(svc_->keys(), resource_, detail::permit_member(token_, slot_), opts_.permits,
+                                      nullptr);
       return;
     }
     svc_->async_release(resource_, token_, nullptr, opts_.fair);
@@ -664,16 +650,15 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
 
   void send_permit() {
     const bool may_wait = opts_.wait.count() > 0;
-    std::vector<std::string> args = {token_,
+    // Coalesced with this turn's other attempts on the resource (SemaphoreCalls).
+    std::vector<std::string> item = {token_,
                                      std::to_string(opts_.ttl.count()),
                                      opts_.fence ? "1" : "0",
-                                     std::to_string(opts_.permits),
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
-                                     ticket_->evicted_for(key_),
                                      waiter_id_};
-    svc_->client().async_eval_confirmed(
-        detail::sem_acquire_script(), script_keys_, std::move(args), confirm(),
+    impl_->semaphore_calls->acquire(
+        script_keys_, opts_.permits, ticket_->evicted_for(key_), confirm(), std::move(item),
         [self = shared_from_this(), may_wait](std::error_code ec, redis::Reply r, redis::Confirmation c) {
           if (ec) return self->failed(ec, std::move(r.str));
           if (!r.is_array() || r.elements.size() < 3 || !r.elements[0].is_integer())
@@ -1091,8 +1076,8 @@ void LockService::async_extend(const std::string& resource, const std::string& t
 
 void LockService::async_release_held(const Lock& l, ReleaseHandler done) {
   if (l.permits() > 0)
-    return release_permit(client_, keys_, l.resource(), detail::permit_member(l.token(), l.permit_slot()),
-                          l.permits(), std::move(done));
+    return impl_->semaphore_calls->release(keys_, l.resource(), detail::permit_member(l.token(), l.permit_slot()),
+                                           l.permits(), std::move(done));
   async_release(l.resource(), l.token(), std::move(done), l.fair());
 }
 

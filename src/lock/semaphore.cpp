@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
+#include <boost/asio/post.hpp>
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
@@ -28,6 +30,96 @@ const redis::Script& sem_release_script() {
 const redis::Script& sem_extend_script() {
   static const redis::Script s{std::string(lock_scripts::sem_extend)};
   return s;
+}
+
+void SemaphoreCalls::acquire(std::vector<std::string> keys, int permits, const std::string& evicted,
+                             const redis::Confirm& confirm, std::vector<std::string> item,
+                             redis::ConfirmedCompletion done) {
+  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted, confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+  Batch b;
+  b.script = &sem_acquire_script();
+  b.keys = std::move(keys);
+  b.args = {std::to_string(permits), evicted};
+  b.confirm = confirm;
+  add(std::move(key), std::move(b), std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
+                             LockService::ReleaseHandler done) {
+  Batch b;
+  b.script = &sem_release_script();
+  b.keys = {keys.permit_holders_key(resource), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
+            keys.permit_count_key(resource)};
+  b.args = {keys.permit_channel(resource), std::to_string(permits), client_.options().cluster ? "1" : "0"};
+  BatchKey key{b.keys[0], b.script, permits, std::string(), 0, 0, false};
+  redis::ConfirmedCompletion each;
+  if (done)
+    each = [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r, redis::Confirmation) {
+      if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
+      done(Error(), r.is_integer() && r.integer == 1);
+    };
+  std::vector<std::string> item;
+  item.push_back(std::move(member));
+  add(std::move(key), std::move(b), std::move(item), std::move(each));
+}
+
+void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done) {
+  // A script this long holds the server up: past it, the turn's calls go in
+  // more than one.
+  constexpr std::size_t kMaxBatch = 128;
+  std::optional<Batch> full;
+  bool first = false;
+  {
+    std::lock_guard g(mu_);
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      first = true;
+      it = pending_.emplace(key, std::move(fresh)).first;
+    }
+    for (auto& a : item) it->second.args.push_back(std::move(a));
+    it->second.done.push_back(std::move(done));
+    if (it->second.done.size() >= kMaxBatch) {
+      full = std::move(it->second);
+      pending_.erase(it);
+    }
+  }
+  if (full) return send(std::move(*full));
+  if (!first) return;
+  // Posted behind whatever the loop already has queued (the completions that
+  // lead to more calls in this turn), then sent as one call.
+  boost::asio::post(client_.get_executor(), [self = shared_from_this(), key = std::move(key)] {
+    std::optional<Batch> b;
+    {
+      std::lock_guard g(self->mu_);
+      auto it = self->pending_.find(key);
+      if (it == self->pending_.end()) return;  // sent when it filled up
+      b = std::move(it->second);
+      self->pending_.erase(it);
+    }
+    self->send(std::move(*b));
+  });
+}
+
+void SemaphoreCalls::send(Batch b) {
+  auto done = std::make_shared<std::vector<redis::ConfirmedCompletion>>(std::move(b.done));
+  client_.async_eval_confirmed(
+      *b.script, std::move(b.keys), std::move(b.args), b.confirm,
+      [done](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+        const bool shaped = r.is_array() && r.elements.size() == done->size();
+        if (!ec && !shaped) {
+          ec = make_error_code(errc::protocol_error);
+          redis::Reply e;
+          e.type = redis::Reply::Type::error;
+          e.str = "unexpected reply to a semaphore script: " + redis::to_debug_string(r);
+          r = std::move(e);
+        }
+        for (std::size_t i = 0; i < done->size(); ++i) {
+          if (!(*done)[i]) continue;
+          if (ec) (*done)[i](ec, r, c);
+          else (*done)[i](ec, std::move(r.elements[i]), c);
+        }
+      });
 }
 }  // namespace detail
 

@@ -1,12 +1,18 @@
 // The semaphore's scripts, for the waiter (lock.cpp) and the service.
 #pragma once
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "jobguard/lock.hpp"
+#include "jobguard/redis/client.hpp"
 
 namespace jobguard {
-namespace redis {
-class Script;
-}
 namespace detail {
 const redis::Script& sem_acquire_script();
 const redis::Script& sem_release_script();
@@ -18,5 +24,39 @@ inline std::string permit_member(const std::string& token, int slot) {
   m.append(token).append(1, ' ').append(std::to_string(slot));
   return m;
 }
+
+// A LockService's semaphore calls, coalesced: every attempt (sem_acquire.lua)
+// and every release (sem_release.lua) on the same resource, with the same
+// count, made in one turn of the client's event loop goes in one script
+// call, so its fixed cost (the script itself, the clock, the sweep, the count,
+// the line) is paid once per turn, not once per permit. Each permit is still
+// granted under its own token, lease, slot and fence, and released against
+// its own token and lease, in the order asked; each caller gets its own
+// answer, as from a call of its own. Any thread may call; one LockService owns one.
+class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
+ public:
+  explicit SemaphoreCalls(redis::Client& client) : client_(client) {}
+  // One attempt: `item` is its six per-attempt arguments (sem_acquire.lua);
+  // `keys` its five keys; done gets its own reply.
+  void acquire(std::vector<std::string> keys, int permits, const std::string& evicted, const redis::Confirm& confirm,
+               std::vector<std::string> item, redis::ConfirmedCompletion done);
+  void release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
+               LockService::ReleaseHandler done);
+
+ private:
+  struct Batch {
+    const redis::Script* script = nullptr;
+    std::vector<std::string> keys, args;  // the common arguments, then each item's
+    redis::Confirm confirm;
+    std::vector<redis::ConfirmedCompletion> done;
+  };
+  // The holders' key, the script, the count, the eviction count, the confirmation.
+  using BatchKey = std::tuple<std::string, const void*, int, std::string, int, long long, bool>;
+  void add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done);
+  void send(Batch b);
+  redis::Client& client_;
+  std::mutex mu_;
+  std::map<BatchKey, Batch> pending_;
+};
 }  // namespace detail
 }  // namespace jobguard

@@ -7,7 +7,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {now_ms, redis.call('GET', KEYS[5]), redis.call('GET', KEYS[2]),
              redis.call('ZCOUNT', KEYS[4], '(' .. now_ms, '+inf')}
-local h = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '+inf', 'WITHSCORES')
+local h = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '(1e15', 'WITHSCORES')
 for i = 1, #h, 2 do
   out[#out + 1] = h[i]
   out[#out + 1] = tonumber(h[i + 1])

@@ -1,28 +1,73 @@
--- Give a permit back: only its holder may (the member names its token), and
--- a lease that already ended by the server's clock is not ours to give.
+-- Give permits back: only its holder may give a permit back (the member
+-- names its token), and a lease that already ended by the server's clock is
+-- not ours to give. One call gives back every permit of one resource that a
+-- process released in the same turn of its event loop (SemaphoreCalls,
+-- semaphore.cpp): the fixed part below (the clock, the line) is paid once.
 -- KEYS: 1 holders, 2 waiters' line, 3 the line's liveness, 4 stored permit count
--- ARGV: 1 member ("<token> <slot>"), 2 wake channel, 3 permits asked for,
---       4 '1' on a Redis Cluster: SPUBLISH (the channel has the hash tag)
--- Returns 1 when released, 0 when the permit was not ours (any more).
+-- ARGV: 1 wake channel, 2 permits asked for, 3 '1' on a Redis Cluster:
+--       SPUBLISH (the channel has the hash tag), 4.. members ("<token> <slot>")
+-- Returns, per member, 1 when released, 0 when the permit was not ours (any more).
+-- The holders' layout and its invariant: sem_acquire.lua.
+local FREE = 1e15
+local holders = KEYS[1]
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not exp then return 0 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-if tonumber(exp) <= now_ms then return 0 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
-local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[3]) or tonumber(ARGV[3])
-local free = n - redis.call('ZCARD', KEYS[1])
-if free <= 0 then return 1 end
+local now = string.format('%d', now_ms)
+local out, any = {}, false
+local gone_members, markers = {}, {}
+-- Every member's expiry in one call (ZMSCORE, Redis 6.2+), one call each
+-- on an older server.
+local asked = {}
+for i = 4, #ARGV do asked[#asked + 1] = ARGV[i] end
+local scores = redis.pcall('ZMSCORE', holders, unpack(asked))
+if type(scores) ~= 'table' or scores.err then scores = nil end
+for i = 4, #ARGV do
+  local m = ARGV[i]
+  local exp
+  if scores then exp = scores[i - 3] else exp = redis.call('ZSCORE', holders, m) end
+  out[i - 3] = 0
+  if exp then
+    -- The slot is free either way (an expired entry was only not yet swept).
+    local s = string.match(m, ' (%d+)$')
+    gone_members[#gone_members + 1] = m
+    markers[#markers + 1] = string.format('%d', FREE + 10000 - tonumber(s))
+    markers[#markers + 1] = 'free:' .. s
+    if tonumber(exp) > now_ms then
+      out[i - 3] = 1
+      any = true
+    end
+  end
+end
+-- One variadic call each for the whole batch.
+if #gone_members > 0 then
+  redis.call('ZREM', holders, unpack(gone_members))
+  redis.call('ZADD', holders, unpack(markers))
+end
+-- With no holder left the whole key goes: an empty semaphore leaves nothing.
+if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then redis.call('DEL', holders) end
+if not any then return out end
+-- Nobody waits (the common case): nothing to wake.
+if redis.call('EXISTS', KEYS[2]) == 0 then return out end
+local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+  for _, m in ipairs(gone) do
+    local g = tonumber(string.match(m, ' (%d+)$'))
+    if g then redis.call('ZADD', holders, string.format('%d', FREE + 10000 - g), 'free:' .. g) end
+  end
+end
+local n = tonumber(redis.call('GET', KEYS[4]) or ARGV[2]) or tonumber(ARGV[2])
+local free = n - redis.call('ZCOUNT', holders, '-inf', '(1000000000000000')
+if free <= 0 then return out end
 -- Wake by name the waiters the free permits now belong to (sem_acquire.lua's
 -- FIFO rule), not the herd: the others would only find themselves behind.
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for _, w in ipairs(dead) do
   redis.call('ZREM', KEYS[2], w)
   redis.call('ZREM', KEYS[3], w)
 end
-local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
+local publish = ARGV[3] == '1' and 'SPUBLISH' or 'PUBLISH'
 for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, free - 1)) do
-  redis.call(publish, ARGV[2], 'wake ' .. w)
+  redis.call(publish, ARGV[1], 'wake ' .. w)
 end
-return 1
+return out

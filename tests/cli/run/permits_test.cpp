@@ -127,6 +127,57 @@ TEST_F(RunPermits, LocksShowListsThePermitHolders) {
   EXPECT_EQ(a.wait_or_kill(30s).status, 0);
 }
 
+TEST_F(RunPermits, LocksLsListsTheSemaphoreAndReleaseFreesOnePermitAudited) {
+  const auto go = file("go");
+  Subprocess a(args({"--permits", "2", "--ttl", "2s", "--grace", "200ms", "--job-id", "holder-a"},
+                    holder(file("a"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")); }, 10s)) << a.err();
+  Subprocess b(args({"--permits", "2", "--ttl", "2s", "--job-id", "holder-b"}, holder(file("b"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("b")); }, 10s)) << b.err();
+  const int slot_a = told(file("a")).slot, slot_b = told(file("b")).slot;
+  const auto locks = [&](const Args& more) {
+    Args x{jobguard_binary(), "--redis", url()};
+    x.insert(x.end(), more.begin(), more.end());
+    Subprocess p(x);
+    return p.wait_or_kill(30s);
+  };
+  auto ls = locks({"locks", "ls"});
+  EXPECT_EQ(ls.status, 0) << ls.err;
+  EXPECT_NE(ls.out.find("SEMAPHORE"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find(resource()), std::string::npos) << ls.out;
+  auto lj = locks({"--json", "locks", "ls"});
+  EXPECT_NE(lj.out.find("\"holders\":2"), std::string::npos) << lj.out;
+  // Bad requests: which permit, and a slot in range.
+  auto none = locks({"locks", "release", resource(), "--reason", "x", "--permit"});
+  EXPECT_EQ(none.status, 64) << none.err;
+  EXPECT_NE(none.err.find("--slot N or --holder OWNER"), std::string::npos) << none.err;
+  EXPECT_EQ(locks({"locks", "release", resource(), "--reason", "x", "--slot", "-1"}).status, 64);
+  // The slot is someone else's: left alone, exit 75.
+  auto wrong = locks({"locks", "release", resource(), "--reason", "x", "--slot", std::to_string(slot_b), "--holder",
+                      told(file("a")).token.substr(0, told(file("a")).token.rfind('#'))});
+  EXPECT_EQ(wrong.status, 75) << wrong.out << wrong.err;
+  EXPECT_EQ(admin("ZCARD " + holders_key()), "2");
+  // a's permit: released, its run stopped with 70 (its renewal finds it gone),
+  // b untouched, the slot free for the next run.
+  auto rel = locks({"locks", "release", resource(), "--reason", "stuck vendor call", "--slot", std::to_string(slot_a)});
+  EXPECT_EQ(rel.status, 0) << rel.err;
+  EXPECT_NE(rel.out.find("in slot " + std::to_string(slot_a)), std::string::npos) << rel.out;
+  EXPECT_EQ(a.wait_or_kill(30s).status, 70);
+  auto audit = locks({"locks", "audit"});
+  EXPECT_NE(audit.out.find("holder-a (slot " + std::to_string(slot_a) + ")"), std::string::npos) << audit.out;
+  EXPECT_NE(audit.out.find("stuck vendor call"), std::string::npos) << audit.out;
+  Subprocess c(args({"--permits", "2", "--job-id", "holder-c"}, holder(file("c"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("c")); }, 10s)) << c.err();
+  EXPECT_EQ(told(file("c")).slot, slot_a);
+  // Nothing matches any more: exit 0, nothing released.
+  auto again = locks({"locks", "release", resource(), "--reason", "x", "--permit", "--holder", "nobody/1/x"});
+  EXPECT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.out.find("nothing released"), std::string::npos) << again.out;
+  touch(go);
+  EXPECT_EQ(b.wait_or_kill(30s).status, 0);
+  EXPECT_EQ(c.wait_or_kill(30s).status, 0);
+}
+
 TEST_F(RunPermits, BadPermitCountsAreUsageErrors) {
   for (const auto& [flags, want] :
        std::vector<std::pair<Args, std::string>>{{{"--permits", "0"}, "--permits 0: must be a whole number in 1..10000"},

@@ -6,8 +6,11 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cstring>
 #include <future>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -67,6 +70,177 @@ TEST_F(SemaphoreTest, NHoldersAreGrantedDistinctSlotsAndTheNextIsBusy) {
   auto again = svc->acquire(r, permits(3));
   ASSERT_TRUE(again);
   EXPECT_EQ(again->permit_slot(), freed);
+}
+
+// The holders' key (sem_acquire.lua): every slot below its member count has
+// exactly one member, a live or expired holder "<token> <slot>" or a
+// "free:<slot>", and nothing is above it.
+void expect_slots_covered(redis::Client& c, const std::string& key) {
+  const auto all = c.exec(redis::Command{"ZRANGE", key, "0", "-1"});
+  std::set<int> seen;
+  for (const auto& m : all.elements) {
+    const auto sp = m.str.rfind(m.str.rfind(' ') == std::string::npos ? ':' : ' ');
+    ASSERT_NE(sp, std::string::npos) << m.str;
+    const int slot = std::stoi(m.str.substr(sp + 1));
+    EXPECT_TRUE(seen.insert(slot).second) << "slot " << slot << " twice in " << key;
+  }
+  if (!seen.empty()) {
+    EXPECT_EQ(*seen.rbegin(), static_cast<int>(all.elements.size()) - 1) << key;
+  }
+}
+
+TEST_F(SemaphoreTest, SlotsStayDistinctThroughReleasesExpiriesAndALoweredCount) {
+  const auto r = resource("slots");
+  const auto key = svc->keys().permit_holders_key(r);
+  std::vector<Lock> held;
+  for (int i = 0; i < 6; ++i) {
+    auto p = svc->acquire(r, permits(6));
+    ASSERT_TRUE(p);
+    held.push_back(std::move(*p));
+  }
+  // Slots 1 and 4 released, 2 left to expire (a crashed holder), 3 expired
+  // and then renewed too late.
+  EXPECT_TRUE(held[1].release());
+  EXPECT_TRUE(held[4].release());
+  expect_slots_covered(*client, key);
+  client->exec(redis::Command{"ZADD", key, "XX", "1", held[2].token() + " 2"});
+  client->exec(redis::Command{"ZADD", key, "XX", "1", held[3].token() + " 3"});
+  EXPECT_FALSE(held[3].extend(10s));
+  expect_slots_covered(*client, key);
+  EXPECT_EQ(inspect_semaphore(*svc, r).holders.size(), 2u);  // 0 and 5: 2 expired, 3 gone
+  // The lowest free slots first: 1, then 2 (swept now), 3, 4, never two alike.
+  std::vector<int> got;
+  for (int i = 0; i < 3; ++i) {
+    auto p = svc->acquire(r, permits(6));
+    ASSERT_TRUE(p);
+    got.push_back(p->permit_slot());
+    held.push_back(std::move(*p));
+    expect_slots_covered(*client, key);
+  }
+  EXPECT_EQ(got, (std::vector<int>{1, 2, 3}));
+  // Lowered to 3 with 5 held (0, 1, 2, 3, 5): nothing until fewer than 3,
+  // then a slot below 3 (free members 0, 2, 4, 5).
+  set_permits(*svc, r, 3);
+  EXPECT_FALSE(svc->acquire(r, permits(6)));
+  for (auto* l : {&held[0], &held[7], &held[5]}) {
+    EXPECT_TRUE(l->release()) << "slot " << l->permit_slot();
+  }
+  expect_slots_covered(*client, key);
+  auto low = svc->acquire(r, permits(6));
+  ASSERT_TRUE(low);
+  EXPECT_LT(low->permit_slot(), 3);
+  expect_slots_covered(*client, key);
+  // The last holder out takes the key with it.
+  for (auto* l : {&held[6], &held[8], &*low}) {
+    EXPECT_TRUE(l->release());
+  }
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
+}
+
+TEST_F(SemaphoreTest, AForceReleaseFreesOnePermitAdvancesTheFenceAndIsListed) {
+  const auto r = resource("ops");
+  const auto key = svc->keys().permit_holders_key(r);
+  auto a = svc->acquire(r, permits(3));
+  auto b = svc->acquire(r, permits(3));
+  ASSERT_TRUE(a && b);
+  const auto sems = admin::list_semaphores(*svc, {.prefix = r});
+  ASSERT_EQ(sems.size(), 1u);
+  EXPECT_EQ(sems[0].holders.size(), 2u);
+  const std::string owner = token_owner(a->token());
+  admin::PermitReleaseOptions o{.reason = "test"};
+  EXPECT_THROW(admin::force_release_permit(*svc, r, o), Error);  // which permit?
+  o.holder = owner;  // this process holds both: ambiguous
+  try {
+    admin::force_release_permit(*svc, r, o);
+    FAIL() << "an owner of two permits released without a slot";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::invalid_argument));
+    EXPECT_NE(std::string(e.what()).find("holds 2 permits"), std::string::npos) << e.what();
+  }
+  o.slot = b->permit_slot();
+  const auto res = admin::force_release_permit(*svc, r, o);
+  ASSERT_EQ(res.outcome, admin::ForceReleaseResult::Outcome::released);
+  EXPECT_EQ(res.permit_slot, b->permit_slot());
+  EXPECT_EQ(res.holder, owner);
+  EXPECT_GT(res.new_fence, *b->fence());
+  EXPECT_FALSE(res.audit_id.empty());
+  expect_slots_covered(*client, key);
+  EXPECT_FALSE(b->extend(10s));
+  EXPECT_FALSE(b->release());
+  EXPECT_EQ(admin::force_release_permit(*svc, r, o).outcome, admin::ForceReleaseResult::Outcome::not_held);
+  auto c = svc->acquire(r, permits(3));
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->permit_slot(), res.permit_slot);
+  EXPECT_GT(*c->fence(), res.new_fence);
+}
+
+// Script calls the server has run (EVALSHA, and EVAL after a NOSCRIPT).
+std::int64_t script_calls(const std::string& commandstats) {
+  std::int64_t n = 0;
+  for (const char* cmd : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
+    const auto at = commandstats.find(cmd);
+    if (at != std::string::npos) n += std::stoll(commandstats.substr(at + std::strlen(cmd)));
+  }
+  return n;
+}
+
+TEST_F(SemaphoreTest, AttemptsAndReleasesOfOneTurnShareOneCallAndKeepTheirOwnAnswers) {
+  const auto r = resource("turn");
+  const auto stats = [&] { return client->exec(redis::Command{"INFO", "commandstats"}).str; };
+  ASSERT_TRUE(svc->acquire(r, permits(5))->release());  // the scripts are loaded
+  std::mutex mu;
+  std::vector<std::optional<Lock>> got(8);
+  std::promise<void> all;
+  int left = 8;
+  const auto before = script_calls(stats());
+  // Eight try-once attempts started in one turn of the loop: one call, the
+  // first five granted in order with their own slots and rising fences.
+  boost::asio::post(client->get_executor(), [&] {
+    for (int i = 0; i < 8; ++i)
+      svc->async_acquire(r, permits(5), [&, i](const Error& e, std::optional<Lock> l) {
+        EXPECT_FALSE(e) << e.what();
+        std::lock_guard g(mu);
+        got[static_cast<std::size_t>(i)] = std::move(l);
+        if (--left == 0) all.set_value();
+      });
+  });
+  ASSERT_EQ(all.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_LE(script_calls(stats()) - before, 2);
+  std::set<int> slots;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(got[static_cast<std::size_t>(i)].has_value(), i < 5) << "attempt " << i;
+    if (i >= 5) continue;
+    slots.insert(got[static_cast<std::size_t>(i)]->permit_slot());
+    if (i > 0) {
+      EXPECT_GT(*got[static_cast<std::size_t>(i)]->fence(), *got[static_cast<std::size_t>(i - 1)]->fence());
+    }
+  }
+  EXPECT_EQ(slots, (std::set<int>{0, 1, 2, 3, 4}));
+  expect_slots_covered(*client, svc->keys().permit_holders_key(r));
+  // Five releases (one of a permit whose lease ended) in one turn: one call,
+  // each its own answer, the key gone with the last holder.
+  client->exec(redis::Command{"ZADD", svc->keys().permit_holders_key(r), "XX", "1",
+                              got[4]->token() + " " + std::to_string(got[4]->permit_slot())});  // expired
+  std::vector<int> answers(5, -1);
+  std::promise<void> released;
+  int pending = 5;
+  const auto before_release = script_calls(stats());
+  boost::asio::post(client->get_executor(), [&] {
+    for (int i = 0; i < 5; ++i)
+      svc->async_release_held(*got[static_cast<std::size_t>(i)], [&, i](const Error& e, bool ok) {
+        EXPECT_FALSE(e) << e.what();
+        std::lock_guard g(mu);
+        answers[static_cast<std::size_t>(i)] = ok ? 1 : 0;
+        if (--pending == 0) released.set_value();
+      });
+  });
+  ASSERT_EQ(released.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_LE(script_calls(stats()) - before_release, 2);
+  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1, 1, 0}));
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", svc->keys().permit_holders_key(r)}).integer, 0);
+  for (auto& l : got) {
+    if (l) l->detach();
+  }
 }
 
 TEST_F(SemaphoreTest, AWaiterIsWokenByTheReleaseNotByItsPoll) {
