@@ -216,7 +216,6 @@ TEST_F(RwLockFault, NeverAWritersAcceptedWriteBesideAnotherHoldersUnderPausesKil
   // lock state is gone, and the quarantine (max_ttl 3 s) keeps grants out
   // until every lease granted before it has ended.
   auto next_restart = t0 + duration / 3;
-  Clock::time_point last_restart{};
   while (Clock::now() - t0 < duration) {
     int alive = 0;
     for (auto& w : workers_) {
@@ -267,7 +266,6 @@ TEST_F(RwLockFault, NeverAWritersAcceptedWriteBesideAnotherHoldersUnderPausesKil
     }
     if (Clock::now() >= next_restart) {
       server->restart();
-      last_restart = Clock::now();
       ++restarts;
       next_restart = Clock::now() + 20s;
     }
@@ -348,8 +346,12 @@ TEST_F(RwLockFault, NeverAWritersAcceptedWriteBesideAnotherHoldersUnderPausesKil
       EXPECT_TRUE(exit_of[w->name] == 0 || exit_of[w->name] == 70) << w->name << ": " << w->proc->err();
     }
   }
-  EXPECT_LE(exit_lost, restarts * kWorkers) << "leases lost with no restart to explain them";
-  (void)last_restart;
+  int normal_lost = 0;
+  for (auto& w : workers_)
+    if (w->role == Role::normal && exit_of[w->name] == 70) ++normal_lost;
+  std::cout << fmt::format("normal workers that lost their lease (held across a restart): {}", normal_lost)
+            << std::endl;
+  EXPECT_LE(normal_lost, restarts * kWorkers) << "leases lost with no restart to explain them";
 }
 
 }  // namespace
