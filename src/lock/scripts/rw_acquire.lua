@@ -24,6 +24,38 @@ local ttl = tonumber(ARGV[2])
 local writer = ARGV[4] == 'w'
 local waiter = ARGV[8]
 
+local function grant(holders)
+  redis.call('ZADD', holders, now_ms + ttl, ARGV[1])
+  if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ttl) end
+  if waiter ~= '' then
+    redis.call('ZREM', KEYS[4], waiter)
+    redis.call('ZREM', KEYS[5], waiter)
+    redis.call('ZREM', KEYS[6], waiter)
+  end
+  local fence = -1
+  if ARGV[3] == '1' then
+    -- acquire.lua's rule: never below the server's clock in microseconds. A
+    -- writer is granted only once the readers it waited for are gone, so its
+    -- fence is above each of theirs; the readers after it get higher ones.
+    local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local cur = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+    fence = math.max(cur + 1, floor)
+    redis.call('SET', KEYS[3], string.format('%d', fence))
+  end
+  return {1, fence, -1, 0}
+end
+
+-- The common case first, in as few calls as it takes: a reader that is not
+-- in the line, no writer holding (a live one), none waiting (live or not).
+if not writer and waiter == '' then
+  local w = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if (not w[2] or tonumber(w[2]) <= now_ms) and not redis.call('ZRANGE', KEYS[6], 0, 0)[1] then
+    -- Keeps the readers' set to the live ones (a crashed reader's entry goes).
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+    return grant(KEYS[1])
+  end
+end
+
 -- A lease ends at its expiry by the server's clock and not a moment before:
 -- a crashed holder's place comes back here, on the first attempt after it.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
@@ -64,27 +96,7 @@ else
   end
 end
 
-if may then
-  local holders = writer and KEYS[2] or KEYS[1]
-  redis.call('ZADD', holders, now_ms + ttl, ARGV[1])
-  if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ttl) end
-  if waiter ~= '' then
-    redis.call('ZREM', KEYS[4], waiter)
-    redis.call('ZREM', KEYS[5], waiter)
-    redis.call('ZREM', KEYS[6], waiter)
-  end
-  local fence = -1
-  if ARGV[3] == '1' then
-    -- acquire.lua's rule: never below the server's clock in microseconds. A
-    -- writer is granted only once the readers it waited for are gone, so its
-    -- fence is above each of theirs; the readers after it get higher ones.
-    local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local cur = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-    fence = math.max(cur + 1, floor)
-    redis.call('SET', KEYS[3], string.format('%d', fence))
-  end
-  return {1, fence, -1, 0}
-end
+if may then return grant(writer and KEYS[2] or KEYS[1]) end
 
 if waiter ~= '' and ARGV[5] == '1' then
   local lease = tonumber(ARGV[6])

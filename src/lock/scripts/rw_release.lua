@@ -11,6 +11,12 @@ local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not exp then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 if tonumber(exp) <= now_ms then return 0 end
+-- A reader that leaves a live reader in: nobody in the line can enter yet
+-- (the waiters are writers and the readers behind them), so nothing to do.
+if KEYS[1] == KEYS[2] then
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if last[2] and tonumber(last[2]) > now_ms then return 1 end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
 -- Nobody in the line can enter while a writer holds; while readers hold,
