@@ -27,8 +27,7 @@ local waiter = ARGV[8]
 local function grant(holders)
   redis.call('ZADD', holders, now_ms + ttl, ARGV[1])
   if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ttl) end
-  if waiter ~= '' then
-    redis.call('ZREM', KEYS[4], waiter)
+  if waiter ~= '' and redis.call('ZREM', KEYS[4], waiter) == 1 then
     redis.call('ZREM', KEYS[5], waiter)
     redis.call('ZREM', KEYS[6], waiter)
   end
@@ -45,9 +44,10 @@ local function grant(holders)
   return {1, fence, -1, 0}
 end
 
--- The common case first, in as few calls as it takes: a reader that is not
--- in the line, no writer holding (a live one), none waiting (live or not).
-if not writer and waiter == '' then
+-- The common case first, in as few calls as it takes: a reader, no writer
+-- holding (a live one), none waiting (live or not). The slow path below
+-- would grant it too: with no writer in the line nothing is ahead of it.
+if not writer then
   local w = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   if (not w[2] or tonumber(w[2]) <= now_ms) and not redis.call('ZRANGE', KEYS[6], 0, 0)[1] then
     -- Keeps the readers' set to the live ones (a crashed reader's entry goes).
