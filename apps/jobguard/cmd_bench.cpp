@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -52,7 +53,126 @@ struct BenchArgs {
   std::vector<int> concurrency{1, 64};
   int leases = 0;                    // --leases N: the lease scheduler instead
   int permits = 0;                   // --permits N: one semaphore's acquire+release instead
+  bool shared = false;               // --shared: read-write lock read pairs vs mutex pairs
 };
+
+// What one phase of --shared measured: acquire+release pairs by W workers.
+struct PairStats {
+  std::uint64_t ops = 0, errors = 0;
+  double p50_us = 0, p99_us = 0;
+  std::string first_error;
+};
+
+// W coroutine workers on `client`'s loop, each looping acquire -> release
+// with `lo` on resource_of(w) for `secs` seconds.
+PairStats measure_pairs(redis::Client& client, LockService& svc, int workers, double secs, const LockOptions& lo,
+                        const std::function<std::string(int)>& resource_of) {
+  const auto stop_at = steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(secs));
+  std::vector<std::vector<float>> lat(static_cast<std::size_t>(workers));
+  PairStats st;
+  std::atomic<std::uint64_t> errors{0};
+  std::atomic<int> running{workers};
+  std::promise<void> all_done;
+  std::mutex err_mu;
+  for (int w = 0; w < workers; ++w) {
+    asio::co_spawn(
+        client.get_executor(),
+        [&, w, resource = resource_of(w)]() -> asio::awaitable<void> {
+          auto& mine = lat[static_cast<std::size_t>(w)];
+          mine.reserve(1 << 16);
+          while (steady_clock::now() < stop_at) {
+            const auto t0 = steady_clock::now();
+            bool ok = false;
+            try {
+              if (auto l = co_await async_acquire(svc, resource, lo, asio::use_awaitable))
+                ok = co_await async_release(*l, asio::use_awaitable);
+            } catch (const std::exception& e) {
+              std::lock_guard lk(err_mu);
+              if (st.first_error.empty()) st.first_error = e.what();
+            }
+            if (!ok) ++errors;
+            else mine.push_back(std::chrono::duration<float, std::micro>(steady_clock::now() - t0).count());
+          }
+          if (--running == 0) all_done.set_value();
+        },
+        asio::detached);
+  }
+  all_done.get_future().wait();
+  std::vector<float> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  const auto pct = [&](double p) {
+    const auto i = static_cast<std::size_t>(p / 100 * static_cast<double>(all.size()));
+    return all.empty() ? 0.0 : static_cast<double>(all[std::min(all.size() - 1, i)]);
+  };
+  st.ops = all.size();
+  st.errors = errors.load();
+  st.p50_us = pct(50);
+  st.p99_us = pct(99);
+  return st;
+}
+
+// --shared: read pairs (acquire+release of a reader) of ONE read-write lock
+// by W workers, against mutex pairs by the same W workers on a mutex each
+// (uncontended, so both measure the pair's own cost), in alternating rounds
+// on one connection; the ratio is the median of the rounds' ratios.
+int run_shared(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
+  redis::Client client(opts);
+  auto svc = LockService::create(client);
+  const std::string resource = a.resource == "bench:contention" ? "bench:rwlock" : a.resource;
+  KeyBuilder::validate_resource(resource);
+  LockOptions mutex;
+  mutex.ttl = seconds(30);
+  mutex.lock_class = "bench-mutex";
+  LockOptions read = mutex;
+  read.mode = LockMode::shared;
+  read.wait = seconds(10);
+  read.lock_class = "bench-shared";
+  const double secs = a.seconds / a.rounds;
+  nlohmann::json rounds = nlohmann::json::array();
+  std::vector<double> ratios;
+  PairStats rtot, mtot;
+  std::string first_error;
+  for (int r = 0; r < a.rounds; ++r) {
+    const auto rs = measure_pairs(client, *svc, a.workers, secs, read, [&](int) { return resource; });
+    const auto ms = measure_pairs(client, *svc, a.workers, secs, mutex,
+                                  [&](int w) { return fmt::format("{}:mutex:{}", resource, w); });
+    for (const auto* s : {&rs, &ms})
+      if (first_error.empty()) first_error = s->first_error;
+    rtot.ops += rs.ops;
+    rtot.errors += rs.errors;
+    mtot.ops += ms.ops;
+    mtot.errors += ms.errors;
+    const double ratio = ms.ops ? static_cast<double>(rs.ops) / static_cast<double>(ms.ops) : 0.0;
+    ratios.push_back(ratio);
+    rounds.push_back({{"read_pairs_per_s", static_cast<double>(rs.ops) / secs},
+                      {"read_p50_us", rs.p50_us},
+                      {"read_p99_us", rs.p99_us},
+                      {"mutex_pairs_per_s", static_cast<double>(ms.ops) / secs},
+                      {"mutex_p50_us", ms.p50_us},
+                      {"mutex_p99_us", ms.p99_us},
+                      {"ratio", ratio}});
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const double median = ratios[ratios.size() / 2];
+  const double total = secs * a.rounds;
+  nlohmann::json j{{"redis", redis::to_display_url(opts)},
+                   {"shared", {{"workers", a.workers}, {"seconds", a.seconds}, {"rounds", rounds},
+                               {"read_pairs_per_s", static_cast<double>(rtot.ops) / total},
+                               {"mutex_pairs_per_s", static_cast<double>(mtot.ops) / total},
+                               {"ratio", median}, {"errors", rtot.errors + mtot.errors}}}};
+  if (!first_error.empty()) std::cerr << "jobguard bench: first error: " << first_error << "\n";
+  if (g.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    const auto& s = j["shared"];
+    std::cout << fmt::format("jobguard bench --shared: {} workers, {:.1f} s, {}: read pairs {:.0f}/s, mutex pairs "
+                             "{:.0f}/s, ratio {:.2f} (median of {} rounds)   errors {}\n",
+                             a.workers, a.seconds, redis::to_display_url(opts), s["read_pairs_per_s"].get<double>(),
+                             s["mutex_pairs_per_s"].get<double>(), median, a.rounds, rtot.errors + mtot.errors);
+  }
+  return exit_code::ok;
+}
 
 // --permits N: W coroutine workers on one connection loop acquire -> release
 // of one permit of ONE semaphore of N permits (wait 10 s, TTL 30 s). With
@@ -189,8 +309,11 @@ void refuse_quarantined(const redis::ConnectionOptions& opts) {
 
 int run_bench(const Globals& g, const BenchArgs& a) {
   if (a.workers < 1 || a.workers > 100000) throw Error(errc::invalid_argument, "--workers must be 1..100000");
-  if ((a.jobs > 0) + (a.leases > 0) + a.contention + (a.permits != 0) > 1)
-    throw Error(errc::invalid_argument, "--jobs, --leases, --permits and --contention are separate benchmarks: pick one");
+  if ((a.jobs > 0) + (a.leases > 0) + a.contention + (a.permits != 0) + a.shared > 1)
+    throw Error(errc::invalid_argument,
+                "--jobs, --leases, --permits, --shared and --contention are separate benchmarks: pick one");
+  if (a.shared && (a.only.size() || a.mode != "coro" || a.connections != 1 || a.fair || a.hold != "1ms"))
+    throw Error(errc::invalid_argument, "--shared takes none of --only, --mode, --connections, --fair, --hold");
   if (a.permits < 0 || a.permits > LockOptions::kMaxPermits)
     throw Error(errc::invalid_argument, fmt::format("--permits {}: must be 1..{}", a.permits, LockOptions::kMaxPermits));
   if (a.permits > 0 && (a.only.size() || a.mode != "coro" || a.connections != 1 || a.fair || a.hold != "1ms"))
@@ -202,8 +325,9 @@ int run_bench(const Globals& g, const BenchArgs& a) {
     if (c < 1 || c > 4096) throw Error(errc::invalid_argument, fmt::format("--concurrency {}: must be 1..4096", c));
   if (a.contention && (a.only.size() || a.mode != "coro" || a.connections != 1))
     throw Error(errc::invalid_argument, "--contention takes none of --only, --mode, --connections");
-  if (!a.contention && (a.fair || a.hold != "1ms" || (a.resource != "bench:contention" && a.permits == 0)))
-    throw Error(errc::invalid_argument, "--fair and --hold need --contention, --resource --contention or --permits");
+  if (!a.contention && (a.fair || a.hold != "1ms" || (a.resource != "bench:contention" && a.permits == 0 && !a.shared)))
+    throw Error(errc::invalid_argument,
+                "--fair and --hold need --contention; --resource needs --contention, --permits or --shared");
   if (a.seconds <= 0 || a.seconds > 3600) throw Error(errc::invalid_argument, "--seconds must be in (0, 3600]");
   std::unique_ptr<EmbeddedRedis> server;
   redis::ConnectionOptions opts;
@@ -224,6 +348,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   opts.command_timeout = seconds(5);
   if (a.contention) return run_contention(g, a, opts);
   if (a.permits > 0) return run_permits(g, a, opts);
+  if (a.shared) return run_shared(g, a, opts);
   if (a.jobs > 0 || a.leases > 0) return run_jobs_or_leases(g, a, opts);
 
   bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads", !a.no_fleet};
@@ -359,6 +484,10 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
                   "Instead: W workers (coroutines, one connection) loop acquire -> release of one permit of ONE "
                   "semaphore of N permits; report acquire+release/s, p50, p99")
       ->check(CLI::Range(1, LockOptions::kMaxPermits));
+  sub->add_flag("--shared", args->shared,
+                "Instead: W workers (coroutines, one connection) loop acquire -> release of a reader of ONE "
+                "read-write lock, against acquire -> release of a mutex each, in --rounds alternating rounds; "
+                "report pairs/s, p50, p99 and the ratio");
   sub->add_option("--leases", args->leases,
                   "Instead: N live leases (TTL 30 s) held for --seconds (default 60); renewals/s, CPU, lost");
   out.emplace_back(sub, [&g, args, workers, secs] {

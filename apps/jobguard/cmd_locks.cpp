@@ -12,6 +12,7 @@
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/semaphore.hpp"
+#include "jobguard/rwlock.hpp"
 #include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/job/catalog.hpp"
@@ -24,8 +25,9 @@ namespace {
 constexpr const char* kLocksHelp = R"(Live locks: who holds what, for how much longer; force release.
 
   jobguard locks ls [--prefix P] [--class C --catalog FILE] [--limit N] [--scan-count 1000]
-  jobguard locks show KEY       (with the permit holders of KEY's semaphore, if any)
-  jobguard locks release KEY --reason TEXT [--holder OWNER]
+  jobguard locks show KEY       (with the permit holders of KEY's semaphore and the
+                                readers / writer of its read-write lock, if any)
+  jobguard locks release KEY --reason TEXT [--holder OWNER] [--rw]
   jobguard locks release KEY --reason TEXT --permit [--slot N] [--holder OWNER]
   jobguard locks audit [--count 100]
 
@@ -54,7 +56,13 @@ slot comes free, the fence advances, the waiters are woken, the audit record
 names the holder and the slot (docs/semaphore.md).
 
 Exit status: 0 ok (release: released, or the lock was already free);
-75 release --holder: the lock is held by someone else.)";
+75 release --holder: the lock is held by someone else.
+
+release --rw acts on KEY's read-write lock instead (docs/rwlock.md): it removes
+the reader or writer --holder OWNER names (each holder of that owner), or
+every reader and the writer without --holder, with the same fence advance,
+wake-up and audit record (holder "reader OWNER"); exit 75 when OWNER holds
+nothing but others do.)";
 
 struct LocksArgs {
   std::string key_prefix = "jobguard";
@@ -65,6 +73,7 @@ struct LocksArgs {
   std::string key, reason, holder;
   bool permit = false;
   std::optional<int> slot;
+  bool rw = false;  // release: the read-write lock's holders
   // audit
   std::size_t count = 100;
 };
@@ -131,6 +140,9 @@ int run_show(const Globals& g, const LocksArgs& a) {
   // The resource's counting semaphore, when it has one (docs/semaphore.md).
   const auto sem = inspect_semaphore(*service, resource);
   const bool has_sem = !sem.holders.empty() || sem.stored_permits || sem.waiters > 0;
+  // Its read-write lock, likewise (docs/rwlock.md).
+  const auto rw = inspect_rwlock(*service, resource);
+  const bool has_rw = rw.writer || !rw.readers.empty() || rw.waiters > 0;
   if (g.json) {
     auto j = nlohmann::json::parse(admin::info_json(i));
     if (has_sem) {
@@ -139,6 +151,19 @@ int run_show(const Globals& g, const LocksArgs& a) {
         holders.push_back({{"slot", h.slot}, {"holder", h.holder}, {"ttl_left_ms", h.ttl_left.count()}});
       j["permits"] = {{"key", sem.key}, {"holders", holders}, {"waiters", sem.waiters},
                       {"stored_permits", sem.stored_permits ? nlohmann::json(*sem.stored_permits) : nlohmann::json()}};
+    }
+    if (has_rw) {
+      const auto holder = [](const RwHolder& h) {
+        return nlohmann::json{{"holder", h.holder}, {"ttl_left_ms", h.ttl_left.count()}};
+      };
+      nlohmann::json readers = nlohmann::json::array();
+      for (const auto& h : rw.readers) readers.push_back(holder(h));
+      j["rwlock"] = {{"readers_key", rw.readers_key},
+                     {"writer_key", rw.writer_key},
+                     {"writer", rw.writer ? holder(*rw.writer) : nlohmann::json()},
+                     {"readers", readers},
+                     {"waiters", rw.waiters},
+                     {"waiting_writers", rw.waiting_writers}};
     }
     std::cout << j.dump() << "\n";
     return exit_code::ok;
@@ -150,6 +175,15 @@ int run_show(const Globals& g, const LocksArgs& a) {
                              sem.waiters);
     for (const auto& h : sem.holders)
       std::cout << fmt::format("  slot {:<4} {}  ttl {} left\n", h.slot, h.holder, format_duration(h.ttl_left));
+  }
+  if (has_rw) {
+    std::cout << fmt::format("read-write lock: {} reader{}, {}, {} waiting ({} writer{})\n", rw.readers.size(),
+                             rw.readers.size() == 1 ? "" : "s", rw.writer ? "a writer" : "no writer", rw.waiters,
+                             rw.waiting_writers, rw.waiting_writers == 1 ? "" : "s");
+    if (rw.writer)
+      std::cout << fmt::format("  writer  {}  ttl {} left\n", rw.writer->holder, format_duration(rw.writer->ttl_left));
+    for (const auto& h : rw.readers)
+      std::cout << fmt::format("  reader  {}  ttl {} left\n", h.holder, format_duration(h.ttl_left));
   }
   return exit_code::ok;
 }
@@ -185,13 +219,16 @@ int run_release(const Globals& g, const LocksArgs& a) {
   KeyBuilder keys(a.key_prefix);
   const auto resource = admin::parse_resource(keys, a.key);
   if (a.reason.empty()) throw Error(errc::invalid_argument, "--reason is required: it goes into the audit record");
+  if (a.rw && (a.permit || a.slot))
+    throw Error(errc::invalid_argument, "--rw (a read-write lock's holders) and --permit/--slot (a semaphore's permit) "
+                                        "name different locks: give one");
   auto client = connect_locks(g);
   auto service = LockService::create(*client, keys);
   if (a.permit || a.slot) return run_release_permit(g, a, *service, resource);
   admin::ForceReleaseOptions fo;
   fo.reason = a.reason;
   fo.expect_holder = a.holder;
-  const auto r = admin::force_release(*service, resource, fo);
+  const auto r = a.rw ? force_release_rw(*service, resource, fo) : admin::force_release(*service, resource, fo);
   const bool changed = r.outcome == admin::ForceReleaseResult::Outcome::holder_changed;
   if (g.json) std::cout << admin::release_json(resource, r) << "\n";
   else if (changed) std::cerr << "jobguard locks release: " << admin::format_release(resource, r, a.holder);
@@ -243,6 +280,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   rel->add_flag("--permit", a->permit, "Release one permit of KEY's semaphore (by --slot and/or --holder)");
   rel->add_option("--slot", a->slot, "The permit's slot (implies --permit)")
       ->check(CLI::Range(0, LockOptions::kMaxPermits - 1));
+  rel->add_flag("--rw", a->rw, "Release KEY's read-write lock: the reader/writer --holder names, or all of them");
   out.emplace_back(rel, [&g, a] { return run_release(g, *a); });
 
   auto* audit = locks->add_subcommand("audit", "Force releases and the dashboard's other actions, newest first");

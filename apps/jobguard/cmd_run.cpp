@@ -36,7 +36,8 @@ namespace {
 constexpr const char* kRunHelp = R"(Run CMD while holding the Redis lock KEY: a distributed flock(1).
 
   jobguard run --key KEY [--ttl 30s] [--wait DUR] [--timeout DUR] [--grace 10s]
-               [--fence] [--fair | --permits N] [--once RUN_ID] [--job-id ID]
+               [--fence] [--fair | --permits N | --shared | --exclusive]
+               [--once RUN_ID] [--job-id ID]
                [--class NAME] [--foreground] -- CMD [ARGS...]
 
 KEY names the business object ("invoice:48291"); the Redis key is
@@ -57,6 +58,17 @@ library's set_permits overrides N. CMD also gets:
                         has it: fence writes per slot, as for a lock)
 JOBGUARD_KEY is then the holders' key and JOBGUARD_TOKEN this holder's token.
 --permits must be 1..10000 and does not go with --fair (exit 64).
+
+--shared / --exclusive: hold KEY's read-write lock instead of the lock, as a
+reader (any number of --shared runs at once) or its writer (an --exclusive run
+alone: no reader, no other writer; docs/rwlock.md). A waiting writer stops
+new readers from entering: it waits only for the holders it found and the
+waiters ahead of it. Waiters are served in arrival order; a crashed holder's
+place comes back when its TTL has passed. Readers are in jobguard:rwr:{KEY},
+the writer in jobguard:rww:{KEY} (JOBGUARD_KEY); CMD also gets
+JOBGUARD_LOCK_MODE (shared or exclusive). With --fence a writer's fence
+is above every fence of the readers it waited for. They go with none of
+--permits, --fair, or each other (exit 64).
 When the lease is lost, or at --timeout (counted from CMD's start), jobguard
 sends SIGTERM to CMD's process group and SIGKILL after --grace. HUP, INT, QUIT,
 USR1, USR2, ALRM, TERM (every catchable signal that would end jobguard) are
@@ -109,6 +121,7 @@ struct RunArgs {
   bool fence = false;
   bool fair = false;
   std::string permits;  // empty: a lock
+  bool shared = false, exclusive = false;  // a read-write lock's reader / writer
   std::string once;
   std::string job_id;
   std::string cls = "run";
@@ -163,6 +176,16 @@ class Runner {
         throw Error(errc::invalid_argument, "--permits with --fair: semaphore permits are always served in order");
       o.lock.permits = n;
     }
+    if (a_.shared && a_.exclusive)
+      throw Error(errc::invalid_argument, "--shared with --exclusive: a run is a reader or the writer, not both");
+    if ((a_.shared || a_.exclusive) && !a_.permits.empty())
+      throw Error(errc::invalid_argument, fmt::format("{} with --permits: a read-write lock is not a semaphore",
+                                                      a_.shared ? "--shared" : "--exclusive"));
+    if ((a_.shared || a_.exclusive) && a_.fair)
+      throw Error(errc::invalid_argument, fmt::format("{} with --fair: a read-write lock's line is always served in order",
+                                                      a_.shared ? "--shared" : "--exclusive"));
+    if (a_.shared) o.lock.mode = LockMode::shared;
+    if (a_.exclusive) o.lock.mode = LockMode::exclusive;
     o.lock.job_id = a_.job_id;
     try {
       job::validate_class_name(a_.cls);
@@ -182,7 +205,10 @@ class Runner {
     o.run_id = a_.once;
     KeyBuilder keys;
     KeyBuilder::validate_resource(a_.key);  // names the key and the offending character
-    rep_.key = a_.permits.empty() ? keys.lock_key(a_.key) : keys.permit_holders_key(a_.key);
+    rep_.key = !a_.permits.empty() ? keys.permit_holders_key(a_.key)
+               : a_.shared           ? keys.rw_readers_key(a_.key)
+               : a_.exclusive        ? keys.rw_writer_key(a_.key)
+                                     : keys.lock_key(a_.key);
     rep_.job_id = a_.job_id;
     rep_.cls = a_.cls;
     auto conn = redis::parse_url(g_.redis_url);
@@ -254,6 +280,8 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_flag("--fence", args->fence, "Issue a fencing token, exported as JOBGUARD_FENCE");
   sub->add_flag("--fair", args->fair, "FIFO handoff among waiters (every contender must use --fair)");
   sub->add_option("--permits", args->permits, "Hold one of N permits of a counting semaphore on KEY (1..10000)");
+  sub->add_flag("--shared", args->shared, "Hold KEY's read-write lock as one of its readers (docs/rwlock.md)");
+  sub->add_flag("--exclusive", args->exclusive, "Hold KEY's read-write lock as its writer, alone (docs/rwlock.md)");
   sub->add_option("--once", args->once, "Skip CMD if RUN_ID is recorded as done; record it when CMD exits 0");
   sub->add_option("--job-id", args->job_id, "Job id for the owner token and the logs");
   sub->add_option("--class", args->cls, "Lock class of this run's metrics and logs (a catalog class name)")

@@ -74,6 +74,18 @@ class KeyBuilder {
   std::string permit_line_expiry_key(std::string_view resource) const;
   std::string permit_count_key(std::string_view resource) const;
   std::string permit_channel(std::string_view resource) const;
+  // A read-write lock's keys (rwlock.hpp), in the fence counter's slot too:
+  //   <prefix>:rwr:{r}      readers (zset token by lease expiry)
+  //   <prefix>:rww:{r}      the writer (zset, at most one live member)
+  //   <prefix>:rwq:{r}      waiters by first arrival (zset) + :rwqexp (liveness)
+  //   <prefix>:rwqw:{r}     the writers among them (zset, same arrivals)
+  //   <prefix>:rwwake:{r}   the pub/sub channel a release wakes waiters on
+  std::string rw_readers_key(std::string_view resource) const;
+  std::string rw_writer_key(std::string_view resource) const;
+  std::string rw_line_key(std::string_view resource) const;
+  std::string rw_line_expiry_key(std::string_view resource) const;
+  std::string rw_writers_line_key(std::string_view resource) const;
+  std::string rw_channel(std::string_view resource) const;
   // "invoice:48291" from "jobguard:lock:{invoice:48291}"; nullopt if not ours.
   std::optional<std::string> resource_of(std::string_view lock_key) const;
   const std::string& prefix() const noexcept { return prefix_; }
@@ -121,6 +133,14 @@ struct ReplicaConfirmation {
   Unconfirmed on_unconfirmed = Unconfirmed::fail_closed;
 };
 
+// What a lock on a resource excludes (LockOptions::mode).
+enum class LockMode {
+  mutex,      // the plain lock: one holder
+  shared,     // a reader of a read-write lock (<jobguard/rwlock.hpp>)
+  exclusive,  // its writer: alone, no readers
+};
+const char* to_string(LockMode m) noexcept;
+
 struct LockOptions {
   // Lock time-to-live; a crashed holder's lock frees itself after this.
   // Default 30 s; must be >= 10 ms.
@@ -160,6 +180,11 @@ struct LockOptions {
   // At most kMaxPermits.
   int permits = 0;
   static constexpr int kMaxPermits = 10000;
+  // shared / exclusive: a reader or the writer of the resource's read-write
+  // lock (<jobguard/rwlock.hpp>) instead of its mutex: readers hold together,
+  // a writer alone, and a waiting writer stops new readers from entering.
+  // Not with `permits` or `fair` (its line is always served in order).
+  LockMode mode = LockMode::mutex;
 };
 
 // Data-loss quarantine: a server that lost lock state (restarted without
@@ -310,6 +335,9 @@ class Lock {
   // only if not below the slot's last one) accepts at most permits() writers
   // at a time (docs/semaphore.md). -1 for a mutex.
   int permit_slot() const noexcept { return slot_; }
+  // LockOptions::mode it was granted in: a reader or writer of a read-write
+  // lock, or a mutex / semaphore permit (LockMode::mutex).
+  LockMode mode() const noexcept { return mode_; }
 
   // Per-class metrics this lock reports to (never null for a granted lock),
   // in its service's registry (LockServiceOptions::metrics).
@@ -360,6 +388,7 @@ class Lock {
   std::string epoch_;  // the server's lock-state epoch at the grant (quarantine.hpp)
   ReplicaConfirmation confirmation_;
   int permits_ = 0, slot_ = -1;
+  LockMode mode_ = LockMode::mutex;
 };
 
 // What a LockService is made of besides its Client. Every member has a default.

@@ -8,6 +8,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/rwlock.hpp"
 #include "jobguard/semaphore.hpp"
 
 namespace jobguard::job {
@@ -47,6 +48,23 @@ std::string describe_permits(LockService& service, const std::string& resource) 
   }
 }
 
+// "has a writer (web-1/77/job)" or "has 3 readers (...), 1 writer waiting", best effort.
+std::string describe_rw(LockService& service, const std::string& resource) {
+  try {
+    const auto info = inspect_rwlock(service, resource);
+    if (info.writer) return fmt::format("has a writer ({})", info.writer->holder);
+    std::string who;
+    for (std::size_t i = 0; i < info.readers.size() && i < 3; ++i) who += (i ? ", " : "") + info.readers[i].holder;
+    if (info.readers.size() > 3) who += ", ...";
+    return fmt::format("has {} reader{}{}{}", info.readers.size(), info.readers.size() == 1 ? "" : "s",
+                       who.empty() ? std::string() : " (" + who + ")",
+                       info.waiting_writers > 0 ? fmt::format(", {} writer(s) waiting", info.waiting_writers)
+                                                : std::string());
+  } catch (const Error&) {
+    return "is held";
+  }
+}
+
 class LockedRun {
  public:
   LockedRun(redis::Client& client, const KeyBuilder& keys, LockedRunOptions opts, const std::function<void(RunEvent)>& emit)
@@ -58,7 +76,11 @@ class LockedRun {
 
     auto service = LockService::create(client_, keys_);
     const bool semaphore = o_.lock.permits > 0;
-    const std::string lock_key = semaphore ? keys_.permit_holders_key(o_.resource) : keys_.lock_key(o_.resource);
+    const bool rw = o_.lock.mode != LockMode::mutex;
+    const std::string lock_key = semaphore                                ? keys_.permit_holders_key(o_.resource)
+                                 : o_.lock.mode == LockMode::shared    ? keys_.rw_readers_key(o_.resource)
+                                 : o_.lock.mode == LockMode::exclusive ? keys_.rw_writer_key(o_.resource)
+                                                                       : keys_.lock_key(o_.resource);
     const auto acquire_start = steady_clock::now();
     std::optional<Lock> lock;
     try {
@@ -76,6 +98,10 @@ class LockedRun {
       if (semaphore)
         event("busy", "busy", ms_since(acquire_start), true,
               fmt::format("no permit free: {} {}{}", lock_key, describe_permits(*service, o_.resource), waited_text));
+      else if (rw)
+        event("busy", "busy", ms_since(acquire_start), true,
+              fmt::format("read-write lock busy for a {}: {} {}{}", o_.lock.mode == LockMode::shared ? "reader" : "writer",
+                          lock_key, describe_rw(*service, o_.resource), waited_text));
       else
         event("busy", "busy", ms_since(acquire_start), true,
               fmt::format("lock busy: {} is held by {}{}", lock_key, describe_holder(client_, lock_key), waited_text));
@@ -92,6 +118,7 @@ class LockedRun {
       o_.cmd.env.emplace_back("JOBGUARD_PERMITS", std::to_string(lock->permits()));
       o_.cmd.env.emplace_back("JOBGUARD_PERMIT_SLOT", std::to_string(lock->permit_slot()));
     }
+    if (rw) o_.cmd.env.emplace_back("JOBGUARD_LOCK_MODE", to_string(lock->mode()));
 
     // The authoritative --once check happens under the lock: two runs that
     // both passed the check above cannot both get here and find no record.

@@ -52,6 +52,12 @@ std::string KeyBuilder::permit_line_key(std::string_view r) const { return key("
 std::string KeyBuilder::permit_line_expiry_key(std::string_view r) const { return key("semqexp", r); }
 std::string KeyBuilder::permit_count_key(std::string_view r) const { return key("permits", r); }
 std::string KeyBuilder::permit_channel(std::string_view r) const { return key("semwake", r); }
+std::string KeyBuilder::rw_readers_key(std::string_view r) const { return key("rwr", r); }
+std::string KeyBuilder::rw_writer_key(std::string_view r) const { return key("rww", r); }
+std::string KeyBuilder::rw_line_key(std::string_view r) const { return key("rwq", r); }
+std::string KeyBuilder::rw_line_expiry_key(std::string_view r) const { return key("rwqexp", r); }
+std::string KeyBuilder::rw_writers_line_key(std::string_view r) const { return key("rwqw", r); }
+std::string KeyBuilder::rw_channel(std::string_view r) const { return key("rwwake", r); }
 
 std::optional<std::string> KeyBuilder::resource_of(std::string_view k) const {
   const std::string head = prefix_ + ":lock:{";

@@ -325,8 +325,9 @@ struct LeaseScheduler::Impl {
   }
 
   bool batchable(const Lease::State& s) const {
-    // A permit renews by its own script (sem_extend.lua), one by one.
-    return s.lock.confirmation().replicas == 0 && s.lock.permits() == 0 &&
+    // A permit or a read-write lock holder renews by its own script
+    // (sem_extend.lua), one by one.
+    return s.lock.confirmation().replicas == 0 && s.lock.permits() == 0 && s.lock.mode() == LockMode::mutex &&
            !s.sched->service().client().options().cluster;
   }
 

@@ -20,6 +20,7 @@
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/subscriber.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/rwlock_internal.hpp"
 #include "lock/semaphore_internal.hpp"
 #include "lock/waiter.hpp"
 
@@ -56,6 +57,15 @@ const redis::Script& script_leave() {
 const redis::Script& lock_release_script() {
   static const redis::Script s{std::string(lock_scripts::release)};
   return s;
+}
+
+const char* to_string(LockMode m) noexcept {
+  switch (m) {
+    case LockMode::mutex: return "mutex";
+    case LockMode::shared: return "shared";
+    case LockMode::exclusive: return "exclusive";
+  }
+  return "?";
 }
 
 const char* to_string(Unconfirmed u) noexcept {
@@ -119,6 +129,22 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
     else
       client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel}, std::move(on_reply));
   }
+}
+
+// Lets go of a reader or the writer of a read-write lock (rw_release.lua),
+// which wakes by name the waiters the lock now belongs to.
+void release_rw(redis::Client& client, const KeyBuilder& keys, const std::string& resource, const std::string& token,
+                LockMode mode, LockService::ReleaseHandler done) {
+  auto on_reply = [done = std::move(done), c = &client](std::error_code ec, redis::Reply r) {
+    if (!done) return;
+    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
+    done(Error(), r.is_integer() && r.integer == 1);
+  };
+  const std::string readers = keys.rw_readers_key(resource), writer = keys.rw_writer_key(resource);
+  client.async_eval(detail::rw_release_script(),
+                    {mode == LockMode::exclusive ? writer : readers, readers, writer, keys.rw_line_key(resource),
+                     keys.rw_line_expiry_key(resource), keys.rw_writers_line_key(resource)},
+                    {token, keys.rw_channel(resource), client.options().cluster ? "1" : "0"}, std::move(on_reply));
 }
 
 // A grant channel name no other service can share: from the OS source like a
@@ -450,6 +476,15 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       if (opts_.wait.count() > 0) waiter_id_ = token_;
       return run(m_.start(started_));
     }
+    if (rw()) {
+      // A reader or the writer of a read-write lock: the permits' way, with
+      // its own scripts and line (rw_acquire.lua).
+      key_ = opts_.mode == LockMode::exclusive ? k.rw_writer_key(resource_) : k.rw_readers_key(resource_);
+      script_keys_ = {k.rw_readers_key(resource_), k.rw_writer_key(resource_), k.fence_key(resource_),
+                      k.rw_line_key(resource_), k.rw_line_expiry_key(resource_), k.rw_writers_line_key(resource_)};
+      if (opts_.wait.count() > 0) waiter_id_ = token_;
+      return run(m_.start(started_));
+    }
     if (opts_.fence || opts_.fair) use_script();
     if (!opts_.fair && opts_.wait.count() > 0) {
       // A default-mode wait goes through acquire.lua from the first attempt:
@@ -483,6 +518,12 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
   const std::string& waiter_id() const noexcept override { return waiter_id_; }
 
  private:
+  bool rw() const noexcept { return opts_.mode != LockMode::mutex; }
+  // A semaphore permit or a read-write lock: holders in a zset, a line of
+  // its own, renewed by sem_extend.lua with the holder's member.
+  bool counted() const noexcept { return opts_.permits > 0 || rw(); }
+  std::string member() const { return opts_.permits > 0 ? detail::permit_member(token_, slot_) : token_; }
+
   static std::uint64_t seed() {
     // Seeded once per thread: a random_device per acquire costs more than the acquire.
     thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -546,6 +587,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                       nullptr);
       return;
     }
+    if (rw()) return release_rw(svc_->client(), svc_->keys(), resource_, token_, opts_.mode, nullptr);
     svc_->async_release(resource_, token_, nullptr, opts_.fair);
   }
 
@@ -556,6 +598,7 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     m_.seed(seed());
     if (opts_.fair) impl_->granted_by_token[token_] = this;
     else if (opts_.permits > 0) channel_ = svc_->keys().permit_channel(resource_);
+    else if (rw()) channel_ = svc_->keys().rw_channel(resource_);
     else channel_ = svc_->keys().channel(resource_);
     const auto heard = impl_->watch(channel_, this, sent_at_, opts_.fair);
     run(m_.subscribed(clock_.now(), heard));
@@ -648,8 +691,51 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     run(m_.reply(clock_.now(), Machine::Reply::busy));
   }
 
+  // A semaphore permit or a reader / the writer of a read-write lock: their
+  // scripts take the same arguments but the fourth and answer alike.
   void send_permit() {
     const bool may_wait = opts_.wait.count() > 0;
+    auto on_reply = [self = shared_from_this(), may_wait](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+      if (ec) return self->failed(ec, std::move(r.str));
+      if (!r.is_array() || r.elements.size() < 3 || !r.elements[0].is_integer())
+        return self->failed(make_error_code(errc::protocol_error),
+                            std::string(self->rw() ? "unexpected reply to the read-write lock's acquire script: "
+                                                   : "unexpected reply to the semaphore acquire script: ") +
+                                to_debug_string(r));
+      const auto& e = r.elements;
+      if (e[0].integer == -1) {
+        self->gate_->invalidate();
+        return self->run(self->m_.reply(self->clock_.now(), Machine::Reply::retry));
+      }
+      if (e[0].integer == 1 && e.size() >= 4) {
+        std::optional<std::int64_t> fence;
+        if (e[1].integer >= 0) fence = e[1].integer;
+        self->slot_ = static_cast<int>(e[2].integer);
+        self->granted_permits_ = static_cast<int>(e[3].integer);
+        return self->granted_reply(fence, c);
+      }
+      // In the line from now (the script put us there): a release wakes
+      // us by name when a permit is ours, so polling only refreshes the
+      // place and notices a lease that ended without a release.
+      if (may_wait) {
+        self->arrival_ = "in line";
+        self->m_.in_line();
+      }
+      self->busy();
+    };
+    if (rw()) {
+      std::vector<std::string> args = {token_,
+                                       std::to_string(opts_.ttl.count()),
+                                       opts_.fence ? "1" : "0",
+                                       opts_.mode == LockMode::exclusive ? "w" : "r",
+                                       may_wait ? "1" : "0",
+                                       std::to_string(waiter_lease().count()),
+                                       ticket_->evicted_for(key_),
+                                       waiter_id_};
+      svc_->client().async_eval_confirmed(detail::rw_acquire_script(), script_keys_, std::move(args), confirm(),
+                                          std::move(on_reply));
+      return;
+    }
     // Coalesced with this turn's other attempts on the resource (SemaphoreCalls).
     std::vector<std::string> item = {token_,
                                      std::to_string(opts_.ttl.count()),
@@ -657,40 +743,14 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      waiter_id_};
-    impl_->semaphore_calls->acquire(
-        script_keys_, opts_.permits, ticket_->evicted_for(key_), confirm(), std::move(item),
-        [self = shared_from_this(), may_wait](std::error_code ec, redis::Reply r, redis::Confirmation c) {
-          if (ec) return self->failed(ec, std::move(r.str));
-          if (!r.is_array() || r.elements.size() < 3 || !r.elements[0].is_integer())
-            return self->failed(make_error_code(errc::protocol_error),
-                                "unexpected reply to the semaphore acquire script: " + to_debug_string(r));
-          const auto& e = r.elements;
-          if (e[0].integer == -1) {
-            self->gate_->invalidate();
-            return self->run(self->m_.reply(self->clock_.now(), Machine::Reply::retry));
-          }
-          if (e[0].integer == 1 && e.size() >= 4) {
-            std::optional<std::int64_t> fence;
-            if (e[1].integer >= 0) fence = e[1].integer;
-            self->slot_ = static_cast<int>(e[2].integer);
-            self->granted_permits_ = static_cast<int>(e[3].integer);
-            return self->granted_reply(fence, c);
-          }
-          // In the line from now (the script put us there): a release wakes
-          // us by name when a permit is ours, so polling only refreshes the
-          // place and notices a lease that ended without a release.
-          if (may_wait) {
-            self->arrival_ = "in line";
-            self->m_.in_line();
-          }
-          self->busy();
-        });
+    impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), confirm(), std::move(item),
+                                    std::move(on_reply));
   }
 
   void send() {
     sent_at_ = clock_.now();
     m_.sent(sent_at_);
-    if (opts_.permits > 0) return send_permit();
+    if (counted()) return send_permit();
     auto self = shared_from_this();
     const bool may_wait = opts_.wait.count() > 0;
     if (script_keys_.empty() && ticket_->evicted_for(key_).empty()) {
@@ -764,9 +824,9 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
     if (timer_) timer_->cancel();
     const std::string ttl = std::to_string(opts_.ttl.count());
     const auto wanted = confirm();
-    const std::string member = opts_.permits > 0 ? detail::permit_member(token_, slot_) : token_;
+    const std::string held = member();
     svc_->client().async_eval_views_confirmed(
-        opts_.permits > 0 ? detail::sem_extend_script() : script_extend(), {key_}, {member, ttl}, wanted,
+        counted() ? detail::sem_extend_script() : script_extend(), {key_}, {held, ttl}, wanted,
         [self = shared_from_this(), a, wanted](std::error_code ec, redis::Reply r, redis::Confirmation c) mutable {
           if (ec) {
             self->release_grant();
@@ -799,6 +859,12 @@ class Waiter final : public LockService::Impl::WaiterBase, public std::enable_sh
       // that is gone and the permit idles until the entry expires.
       svc_->client().async_exec(redis::Command{"ZREM", script_keys_[2], waiter_id_}, [](std::error_code, redis::Reply) {});
       svc_->client().async_exec(redis::Command{"ZREM", script_keys_[3], waiter_id_}, [](std::error_code, redis::Reply) {});
+    } else if (rw()) {
+      // Likewise, and a writer's entry among the writers: left behind, it
+      // would keep new readers out until its place expired.
+      for (std::size_t i = 3; i < 6; ++i)
+        svc_->client().async_exec(redis::Command{"ZREM", script_keys_[i], waiter_id_},
+                                  [](std::error_code, redis::Reply) {});
     } else {
       svc_->client().async_exec(redis::Command{"ZREM", script_keys_.back(), waiter_id_},
                                 [](std::error_code, redis::Reply) {});
@@ -931,6 +997,7 @@ Lock LockService::make_lock(std::string resource, std::string key, std::string t
   Lock l;
   l.permits_ = permits;
   l.slot_ = slot;
+  l.mode_ = opts.mode;
   l.service_ = shared_from_this();
   l.resource_ = std::move(resource);
   l.key_ = std::move(key);
@@ -955,6 +1022,16 @@ void LockService::check_options(const LockOptions& opts) const {
                 fmt::format("permit count {} is outside 0..{}", opts.permits, LockOptions::kMaxPermits));
   if (opts.permits > 0 && opts.fair)
     throw Error(errc::invalid_argument, "fair mode is for a mutex: semaphore permits are always served in order");
+  if (opts.mode != LockMode::mutex && opts.mode != LockMode::shared && opts.mode != LockMode::exclusive)
+    throw Error(errc::invalid_argument, fmt::format("lock mode {} is not mutex, shared or exclusive",
+                                                    static_cast<int>(opts.mode)));
+  if (opts.mode != LockMode::mutex && opts.permits > 0)
+    throw Error(errc::invalid_argument, fmt::format("lock mode {} (a read-write lock) does not go with permits {} (a "
+                                                    "semaphore)",
+                                                    to_string(opts.mode), opts.permits));
+  if (opts.mode != LockMode::mutex && opts.fair)
+    throw Error(errc::invalid_argument,
+                "fair mode is for a mutex: a read-write lock's line is always served in order");
   if (opts.ttl < std::chrono::milliseconds(10))
     throw Error(errc::invalid_argument, fmt::format("lock ttl {} ms is below the 10 ms minimum", opts.ttl.count()));
   if (opts.wait.count() < 0) throw Error(errc::invalid_argument, "negative wait");
@@ -1078,6 +1155,7 @@ void LockService::async_release_held(const Lock& l, ReleaseHandler done) {
   if (l.permits() > 0)
     return impl_->semaphore_calls->release(keys_, l.resource(), detail::permit_member(l.token(), l.permit_slot()),
                                            l.permits(), std::move(done));
+  if (l.mode() != LockMode::mutex) return release_rw(client_, keys_, l.resource(), l.token(), l.mode(), std::move(done));
   async_release(l.resource(), l.token(), std::move(done), l.fair());
 }
 
@@ -1085,6 +1163,9 @@ void LockService::async_extend_held(const Lock& l, std::chrono::milliseconds ttl
   if (l.permits() > 0)
     return extend_with(client_, gate_, detail::sem_extend_script(), l.key(),
                        detail::permit_member(l.token(), l.permit_slot()), ttl, std::move(done), l.confirmation());
+  if (l.mode() != LockMode::mutex)
+    return extend_with(client_, gate_, detail::sem_extend_script(), l.key(), l.token(), ttl, std::move(done),
+                       l.confirmation());
   async_extend(l.resource(), l.token(), ttl, std::move(done), l.confirmation());
 }
 
@@ -1149,7 +1230,8 @@ Lock::Lock(Lock&& o) noexcept
       epoch_(std::move(o.epoch_)),
       confirmation_(o.confirmation_),
       permits_(o.permits_),
-      slot_(o.slot_) {
+      slot_(o.slot_),
+      mode_(o.mode_) {
   o.held_ = false;
 }
 
@@ -1171,6 +1253,7 @@ Lock& Lock::operator=(Lock&& o) noexcept {
     confirmation_ = o.confirmation_;
     permits_ = o.permits_;
     slot_ = o.slot_;
+    mode_ = o.mode_;
     o.held_ = false;
   }
   return *this;

@@ -33,7 +33,8 @@ struct LockedRunOptions {
   LockOptions lock;      // ttl, wait, fence, fair, job_id, lock_class
   // CMD and how it is supervised. JOBGUARD_KEY, JOBGUARD_TOKEN (and
   // JOBGUARD_FENCE with a fence; JOBGUARD_PERMITS and JOBGUARD_PERMIT_SLOT for
-  // a semaphore permit) are added to `env`; `lease` is set here.
+  // a semaphore permit; JOBGUARD_LOCK_MODE for a read-write lock) are added
+  // to `env`; `lease` is set here.
   SupervisorOptions cmd;
   // Run once per (resource, run_id): checked before and under the lock,
   // recorded (kind "run") when CMD exits 0 on its own. Null: no record.

@@ -242,5 +242,33 @@ TEST_F(BenchCli, PermitsMeasuresOneSemaphoreAndRefusesBadCounts) {
   }
 }
 
+TEST_F(BenchCli, SharedMeasuresReadPairsAgainstMutexPairs) {
+  auto r = run_jobguard({"--redis", url(), "--json", "bench", "--shared", "--workers", "4", "--seconds", "0.6",
+                         "--rounds", "2"},
+                        60s);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  const auto& s = j["shared"];
+  EXPECT_EQ(s["workers"].get<int>(), 4);
+  EXPECT_EQ(s["rounds"].size(), 2u);
+  EXPECT_GT(s["read_pairs_per_s"].get<double>(), 0.0);
+  EXPECT_GT(s["mutex_pairs_per_s"].get<double>(), 0.0);
+  EXPECT_GT(s["ratio"].get<double>(), 0.0);
+  EXPECT_EQ(s["errors"].get<std::uint64_t>(), 0u);
+  // Every reader was let go.
+  auto client = make_client();
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", "jobguard:rwr:{bench:rwlock}"}).integer, 0);
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--shared", "--permits", "2"},
+                                                std::vector<std::string>{"--shared", "--contention"},
+                                                std::vector<std::string>{"--shared", "--fair"}}) {
+    std::vector<std::string> args{"--redis", url(), "bench"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto bad = run_jobguard(args, 30s);
+    EXPECT_EQ(bad.status, 64) << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
+}
+
 }  // namespace
 }  // namespace jobguard::test

@@ -13,6 +13,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
+#include "jobguard/rwlock.hpp"
 #include "redis/cluster.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/redis_fixture.hpp"
@@ -136,4 +137,50 @@ TEST_F(ClusterAdmin, ForceReleaseOnEveryShardIsAuditedInItsSlotAndReadBackNewest
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0].id, recs[0].id);
   EXPECT_EQ(two[1].id, recs[1].id);
+}
+
+// A read-write lock on every shard: its scripts touch one slot each, a
+// reader's release wakes the waiting writer by sharded pub/sub (SPUBLISH),
+// and a force release of a reader is audited in the resource's slot.
+TEST_F(ClusterAdmin, ARwLockOnEveryShardWakesItsWriterAndForceReleasesAReader) {
+  const auto per_shard = one_per_shard("rw");
+  ASSERT_EQ(per_shard.size(), 3u);
+  for (const auto& [port, r] : per_shard) {
+    LockOptions ro;
+    ro.mode = LockMode::shared;
+    ro.ttl = 10s;
+    ro.fence = true;
+    auto reader = svc->acquire(r, ro);
+    ASSERT_TRUE(reader) << r;
+    LockOptions wo = ro;
+    wo.mode = LockMode::exclusive;
+    wo.wait = 60s;
+    wo.backoff_max = 30s;  // only the release's wake can grant it soon
+    std::optional<Lock> writer;
+    std::thread t([&] { writer = svc->acquire(r, wo); });
+    ASSERT_TRUE(test::eventually([&] {
+      return client->exec(redis::Command{"ZCARD", keys.rw_writers_line_key(r)}).integer == 1;
+    }));
+    // Subscribed (the waiter looked again after its subscription).
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(reader->release());
+    t.join();
+    ASSERT_TRUE(writer) << r;
+    EXPECT_GT(*writer->fence(), *reader->fence());
+    EXPECT_TRUE(writer->release());
+    // Force release of one reader, audited.
+    auto stuck = svc->acquire(r, ro);
+    ASSERT_TRUE(stuck);
+    admin::ForceReleaseOptions fo;
+    fo.reason = "cluster rw test";
+    const auto res = force_release_rw(*svc, r, fo);
+    EXPECT_EQ(res.outcome, admin::ForceReleaseResult::Outcome::released) << r;
+    EXPECT_GT(res.new_fence, *stuck->fence());
+    EXPECT_FALSE(stuck->release());
+  }
+  const auto audit = admin::read_audit(*svc, 100);
+  int found = 0;
+  for (const auto& rec : audit)
+    if (rec.reason == "cluster rw test") ++found;
+  EXPECT_EQ(found, 3);
 }

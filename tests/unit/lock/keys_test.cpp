@@ -47,3 +47,22 @@ TEST(Token, Has128RandomBitsBehindAReadableOwner) {
   EXPECT_EQ(jobguard::token_owner("a-node-redlock-value"), "a-node-redlock-value");
   EXPECT_THROW(jobguard::make_token("bad job"), jobguard::Error);
 }
+
+TEST(KeyBuilder, AReadWriteLocksKeysAreDistinctAndShareTheResourcesSlot) {
+  KeyBuilder k("billing");
+  const std::set<std::string> keys{k.rw_readers_key("ledger"),    k.rw_writer_key("ledger"),
+                                   k.rw_line_key("ledger"),       k.rw_line_expiry_key("ledger"),
+                                   k.rw_writers_line_key("ledger"), k.rw_channel("ledger"),
+                                   k.lock_key("ledger"),          k.permit_holders_key("ledger")};
+  EXPECT_EQ(keys.size(), 8u);  // none is the mutex's or the semaphore's
+  for (const auto& key : keys) {
+    EXPECT_EQ(key.rfind("billing:", 0), 0u) << key;
+    EXPECT_NE(key.find(":{ledger}"), std::string::npos) << key;
+  }
+  EXPECT_EQ(k.rw_readers_key("ledger"), "billing:rwr:{ledger}");
+  EXPECT_EQ(k.rw_writer_key("ledger"), "billing:rww:{ledger}");
+  EXPECT_THROW(k.rw_readers_key("a b"), jobguard::Error);
+  EXPECT_STREQ(jobguard::to_string(jobguard::LockMode::shared), "shared");
+  EXPECT_STREQ(jobguard::to_string(jobguard::LockMode::exclusive), "exclusive");
+  EXPECT_STREQ(jobguard::to_string(jobguard::LockMode::mutex), "mutex");
+}
