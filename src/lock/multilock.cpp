@@ -1,0 +1,208 @@
+#include "jobguard/multilock.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <future>
+#include <memory>
+#include <random>
+
+#include "jobguard/redis/client.hpp"
+
+namespace jobguard {
+
+namespace asio = boost::asio;
+using ms = std::chrono::milliseconds;
+
+const Lock* MultiLock::find(std::string_view resource) const noexcept {
+  for (const auto& l : locks_)
+    if (l.resource() == resource) return &l;
+  return nullptr;
+}
+
+std::optional<std::int64_t> MultiLock::fence(std::string_view resource) const noexcept {
+  const Lock* l = find(resource);
+  return l ? l->fence() : std::nullopt;
+}
+
+bool MultiLock::held() const noexcept {
+  return !locks_.empty() && std::all_of(locks_.begin(), locks_.end(), [](const Lock& l) { return l.held(); });
+}
+
+bool MultiLock::release() {
+  bool all = true;
+  std::optional<Error> first;
+  for (auto& l : locks_) {
+    try {
+      all = l.release() && all;
+    } catch (const Error& e) {
+      all = false;
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
+  return all;
+}
+
+namespace {
+
+// Completes `done` once every one of `n` answers has come in: (the first
+// Error, whether every answer said ours).
+struct Joined {
+  Joined(std::size_t n, std::function<void(const Error&, bool)> d) : left(n), done(std::move(d)) {}
+  void answer(const Error& e, bool ours) {
+    if (e && !first) first = e;
+    all = all && ours && !e;
+    if (--left == 0 && done) done(first ? *first : Error(), all);
+  }
+  std::size_t left;
+  std::function<void(const Error&, bool)> done;
+  std::optional<Error> first;
+  bool all = true;
+};
+
+}  // namespace
+
+void MultiLock::async_release(std::function<void(const Error&, bool)> done) {
+  if (locks_.empty()) {
+    // Nothing to release: still answered on an executor, never inside the call.
+    asio::post(asio::system_executor(), [done = std::move(done)] {
+      if (done) done(Error(), false);
+    });
+    return;
+  }
+  auto j = std::make_shared<Joined>(locks_.size(), std::move(done));
+  for (auto& l : locks_) l.async_release([j](const Error& e, bool ours) { j->answer(e, ours); });
+}
+
+std::vector<std::string> canonical_resources(const LockService& service, std::vector<std::string> resources,
+                                             const LockOptions& opts) {
+  if (resources.empty()) throw Error(errc::invalid_argument, "acquire_all: no resource given");
+  if (opts.permits != 0)
+    throw Error(errc::invalid_argument, "acquire_all: permits are for one resource's semaphore, not a multi-lock");
+  if (opts.fair)
+    throw Error(errc::invalid_argument,
+                "acquire_all: fair mode queues on one resource; a multi-lock retries with backoff instead");
+  for (const auto& r : resources) KeyBuilder::validate_resource(r);
+  service.check_options(opts);
+  std::sort(resources.begin(), resources.end());
+  if (auto d = std::adjacent_find(resources.begin(), resources.end()); d != resources.end())
+    throw Error(errc::invalid_argument, fmt::format("acquire_all: resource \"{}\" named twice", *d));
+  return resources;
+}
+
+namespace {
+
+// One acquire_all on the event loop: rounds of try-once grants in canonical
+// order; a busy key or a failure rolls the round back (every key taken is
+// released, and the releases answered) before it waits or completes, so the
+// caller is never told "busy" while it still holds a key.
+class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
+ public:
+  AllOrNone(std::shared_ptr<LockService> svc, std::vector<std::string> resources, LockOptions opts,
+            AcquireAllHandler done)
+      : svc_(std::move(svc)),
+        resources_(std::move(resources)),
+        once_(std::move(opts)),
+        deadline_(svc_->clock().now() + once_.wait),
+        backoff_min_(std::max(once_.backoff_min, ms(1))),
+        backoff_max_(std::max(once_.backoff_max, backoff_min_)),
+        timer_(svc_->client().get_executor()),
+        done_(std::move(done)) {
+    once_.wait = ms(0);
+  }
+
+  void start() { round(); }
+
+ private:
+  void round() {
+    taken_.clear();
+    take(0);
+  }
+
+  void take(std::size_t i) {
+    if (i == resources_.size()) return finish(Error(), MultiLock(std::exchange(taken_, {})));
+    svc_->async_acquire(resources_[i], once_, [self = shared_from_this(), i](const Error& e, std::optional<Lock> l) {
+      if (e) return self->roll_back(e);
+      if (!l) return self->roll_back(Error());
+      self->taken_.push_back(std::move(*l));
+      self->take(i + 1);
+    });
+  }
+
+  // `cause`: the acquire's Error, or none for a busy key.
+  void roll_back(Error cause) {
+    if (taken_.empty()) return after_roll_back(cause, Error());
+    auto j = std::make_shared<Joined>(taken_.size(), [self = shared_from_this(), cause](const Error& e, bool) {
+      self->after_roll_back(cause, e);
+    });
+    for (auto& l : taken_) l.async_release([j](const Error& e, bool ours) { j->answer(e, ours); });
+  }
+
+  void after_roll_back(const Error& cause, const Error& release_error) {
+    taken_.clear();
+    if (cause) return finish(cause, std::nullopt);
+    // A key we took may still be held (until its TTL): not "busy, none held".
+    if (release_error)
+      return finish(release_error.with_context("rolling back a partial acquire_all (the key expires by its TTL)"),
+                    std::nullopt);
+    const auto now = svc_->clock().now();
+    if (now >= deadline_) return finish(Error(), std::nullopt);
+    // Full jitter: contenders that collided on a key do not retry in step.
+    const auto cap = std::min<std::int64_t>(backoff_max_.count(),
+                                            backoff_min_.count() << std::min<std::uint32_t>(attempt_++, 20));
+    std::uniform_int_distribution<std::int64_t> d(1, std::max<std::int64_t>(cap, 1));
+    auto delay = ms(d(rng_));
+    const auto left = std::chrono::duration_cast<ms>(deadline_ - now);
+    if (delay > left) delay = std::max(left, ms(1));
+    timer_.expires_after(delay);
+    timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec) return self->finish(Error(errc::shutdown, "acquire_all: the wait was cancelled (the client is closing)"), std::nullopt);
+      self->round();
+    });
+  }
+
+  void finish(const Error& e, std::optional<MultiLock> m) {
+    auto done = std::move(done_);
+    if (done) done(e, std::move(m));
+  }
+
+  std::shared_ptr<LockService> svc_;
+  std::vector<std::string> resources_;
+  LockOptions once_;
+  MonotonicClock::time_point deadline_;
+  ms backoff_min_, backoff_max_;
+  asio::steady_timer timer_;
+  AcquireAllHandler done_;
+  std::vector<Lock> taken_;
+  std::uint32_t attempt_ = 0;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace
+
+void async_acquire_all(LockService& service, std::vector<std::string> resources, LockOptions opts,
+                       AcquireAllHandler done) {
+  auto sorted = canonical_resources(service, std::move(resources), opts);
+  auto op = std::make_shared<AllOrNone>(service.shared_from_this(), std::move(sorted), std::move(opts),
+                                        std::move(done));
+  // Each grant's own async_acquire answers from the loop, never inside this call.
+  op->start();
+}
+
+std::optional<MultiLock> acquire_all(LockService& service, std::vector<std::string> resources,
+                                     const LockOptions& opts) {
+  if (service.client().running_in_loop_thread())
+    throw Error(errc::invalid_argument, "blocking acquire_all on the event-loop thread would deadlock");
+  std::promise<std::optional<MultiLock>> p;
+  auto f = p.get_future();
+  async_acquire_all(service, std::move(resources), opts, [&p](const Error& e, std::optional<MultiLock> m) {
+    if (e) p.set_exception(std::make_exception_ptr(Error(e.code(), std::string(e.detail()), e.source())));
+    else p.set_value(std::move(m));
+  });
+  return f.get();
+}
+
+}  // namespace jobguard
