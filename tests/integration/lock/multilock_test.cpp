@@ -154,6 +154,28 @@ TEST_F(MultiLockTest, OppositeOrdersDoNotDeadlockAndNeverOverlap) {
   EXPECT_EQ(overlaps.load(), 0);
 }
 
+// A server never trusted looks like one restarted empty: in quarantine.
+class MultiLockQuarantine : public MultiLockTest {
+ protected:
+  void SetUp() override {
+    trust_new_server_ = false;
+    MultiLockTest::SetUp();
+  }
+};
+
+TEST_F(MultiLockQuarantine, EveryGrantPassesTheQuarantineGate) {
+  const auto a = resource("a"), b = resource("b");
+  try {
+    acquire_all(*svc, {a, b}, opts());
+    ADD_FAILURE() << "granted by a server in quarantine";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::server_busy) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lost lock state"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(exists(a), 0);
+  EXPECT_EQ(exists(b), 0);
+}
+
 class MultiLeaseTest : public LeaseTest {};
 
 TEST_F(MultiLeaseTest, OneLeaseRenewsEveryKey) {
