@@ -73,10 +73,11 @@ is released after CMD exits and what it left in its group is killed.
 CMD must follow `--`.
 
 --key given more than once: hold every KEY or none (docs/multilock.md). Each
-is a plain lock (jobguard:lock:{KEY}, its own token and fence counter), taken
-one at a time in byte order of the names; when one is busy, the keys already
+is a plain lock (jobguard:lock:{KEY}, its own token and fence counter). One
+server grants them all or none in one script; a Redis Cluster's are taken one
+at a time in byte order of the names, and when one is busy the keys already
 taken are released before jobguard waits (retrying with backoff until --wait
-runs out) or exits 75, so it never holds some while it waits for others. One
+runs out) or exits 75: it never holds some while it waits for others. One
 lease renews them all; losing any of them stops CMD (exit 70). CMD gets,
 space-separated and in that order, one word per KEY (instead of JOBGUARD_KEY,
 JOBGUARD_TOKEN and JOBGUARD_FENCE):

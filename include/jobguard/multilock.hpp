@@ -3,12 +3,15 @@
 //
 // Each resource is a plain mutex key (jobguard:lock:{R}, its own owner token,
 // its own fence counter), so `locks show`, `doctor`, force release and every
-// other client see ordinary locks. acquire_all takes them one by one, try-once
-// each, in canonical order (byte order of the resource names); a busy key
-// makes it release every key it took (and wait for the releases' replies)
-// before it reports busy or waits: a contender never holds some keys while it
-// waits for others, so two contenders cannot deadlock whatever order they name
-// the resources in. Waiting is a retry with full-jitter backoff
+// other client see ordinary locks. On one server (and without replica
+// confirmation) one script grants every key or none per attempt. On a Redis
+// Cluster, whose keys live in their resources' slots, acquire_all takes them
+// one by one, try-once each, in canonical order (byte order of the resource
+// names); a busy key makes it release every key it took (and wait for the
+// releases' replies) before it reports busy or waits. Either way a contender
+// never holds some keys while it waits for others, so two contenders cannot
+// deadlock whatever order they name the resources in. Waiting is a retry with
+// full-jitter backoff
 // (LockOptions::backoff_min/max) until LockOptions::wait runs out; it is not
 // woken by releases. Every grant passes the quarantine gate and is fenced
 // (LockOptions::fence) exactly as a mutex grant is, per key.

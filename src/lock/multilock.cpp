@@ -9,9 +9,14 @@
 #include <memory>
 #include <random>
 
+#include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/quarantine.hpp"
 
 namespace jobguard {
+namespace lock_scripts {
+extern const std::string_view acquire_all;
+}
 
 namespace asio = boost::asio;
 using ms = std::chrono::milliseconds;
@@ -95,7 +100,15 @@ std::vector<std::string> canonical_resources(const LockService& service, std::ve
 
 namespace {
 
-// One acquire_all on the event loop: rounds of try-once grants in canonical
+const redis::Script& script_acquire_all() {
+  static const redis::Script s{std::string(lock_scripts::acquire_all)};
+  return s;
+}
+
+// One acquire_all on the event loop. On one server (keys in one place, no
+// replica confirmation asked for): one script per attempt grants every key or
+// none (acquire_all.lua), behind the quarantine gate as a mutex grant is.
+// Elsewhere: rounds of try-once grants in canonical
 // order; a busy key or a failure rolls the round back (every key taken is
 // released, and the releases answered) before it waits or completes, so the
 // caller is never told "busy" while it still holds a key.
@@ -114,12 +127,97 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
     once_.wait = ms(0);
   }
 
-  void start() { round(); }
+  void start() {
+    one_script_ = !svc_->client().options().cluster && svc_->confirmation_for(once_).replicas == 0;
+    round();
+  }
 
  private:
   void round() {
     taken_.clear();
-    take(0);
+    if (!one_script_) return take(0);
+    if (auto t = gate_->ready()) return send_all(std::move(t));
+    gate_->admit([self = shared_from_this()](std::error_code ec, const std::string& detail, std::chrono::milliseconds,
+                                             detail::StateGate::TicketPtr t) {
+      // Posted: the gate's fast path may answer inside admit(), and a
+      // completion never runs inside its initiating call.
+      asio::post(self->svc_->client().get_executor(), [self, ec, detail, t = std::move(t)]() mutable {
+        if (ec) {
+          self->metrics().redis_errors_total.inc();
+          return self->finish(Error(ec, detail).with_context("acquire_all of " + self->names()), std::nullopt);
+        }
+        self->send_all(std::move(t));
+      });
+    });
+  }
+
+  observe::LockClassMetrics& metrics() const { return svc_->class_metrics(once_.lock_class); }
+
+  std::string names() const {
+    std::string out;
+    for (const auto& r : resources_) out += (out.empty() ? "" : ", ") + svc_->keys().lock_key(r);
+    return out;
+  }
+
+  void send_all(detail::StateGate::TicketPtr ticket) {
+    const auto& k = svc_->keys();
+    const std::size_t n = resources_.size();
+    std::vector<std::string> keys(2 * n), tokens(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      keys[i] = k.lock_key(resources_[i]);
+      keys[n + i] = k.fence_key(resources_[i]);
+      tokens[i] = make_token(once_.job_id);
+    }
+    std::vector<std::string> args = {std::to_string(once_.ttl.count()), once_.fence ? "1" : "0",
+                                     ticket->script_evicted_for(keys[0])};
+    args.insert(args.end(), tokens.begin(), tokens.end());
+    const auto sent_at = svc_->clock().now();
+    const auto steady_sent = std::chrono::steady_clock::now();
+    svc_->client().async_eval(
+        script_acquire_all(), keys, std::move(args),
+        [self = shared_from_this(), ticket, keys, tokens = std::move(tokens), sent_at, steady_sent](
+            std::error_code ec, redis::Reply r) mutable {
+          auto& m = self->metrics();
+          if (ec) {
+            m.redis_errors_total.inc();
+            return self->finish(redis::to_error(ec, r, self->svc_->client().address(), "acquire_all of " + self->names()),
+                                std::nullopt);
+          }
+          const std::size_t count = self->resources_.size();
+          if (!r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer() ||
+              (r.elements[0].integer == 1 && r.elements.size() != 2 + count))
+            return self->finish(Error(errc::protocol_error, "unexpected reply to the acquire_all script: " +
+                                                                redis::to_debug_string(r)),
+                                std::nullopt);
+          const auto verdict = r.elements[0].integer;
+          if (verdict == -1) {
+            // Keys were evicted since the gate's check: check again.
+            self->gate_->invalidate();
+            return self->after_roll_back(Error(), Error());
+          }
+          if (verdict == 0) {
+            m.busy_total.inc();
+            return self->after_roll_back(Error(), Error());  // nothing was written
+          }
+          if (self->gate_->watches_clock() && r.elements[1].is_integer())
+            self->gate_->clock_sample(r.elements[1].integer, steady_sent, std::chrono::steady_clock::now());
+          std::vector<Lock> locks;
+          for (std::size_t i = 0; i < count; ++i) {
+            std::optional<std::int64_t> fence;
+            if (r.elements[2 + i].is_integer() && r.elements[2 + i].integer >= 0) fence = r.elements[2 + i].integer;
+            locks.push_back(self->svc_->make_lock(self->resources_[i], keys[i], std::move(tokens[i]), fence,
+                                                  self->once_, sent_at, ticket->epoch_for(keys[i])));
+          }
+          // A reply on a connection the gate did not check (a reconnect, or a
+          // clock step this reply revealed) proves nothing: handed back, and
+          // asked for again through the gate.
+          if (!self->gate_->current(*ticket)) {
+            self->taken_ = std::move(locks);
+            return self->roll_back(Error());
+          }
+          for (std::size_t i = 0; i < count; ++i) m.acquisitions_total.inc();
+          self->finish(Error(), MultiLock(std::move(locks)));
+        });
   }
 
   void take(std::size_t i) {
@@ -170,6 +268,8 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
   }
 
   std::shared_ptr<LockService> svc_;
+  std::shared_ptr<detail::StateGate> gate_ = std::static_pointer_cast<detail::StateGate>(svc_->gate());
+  bool one_script_ = false;
   std::vector<std::string> resources_;
   LockOptions once_;
   MonotonicClock::time_point deadline_;

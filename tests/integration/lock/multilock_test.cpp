@@ -15,6 +15,7 @@
 #include "jobguard/async.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/multilock.hpp"
+#include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
 #include "redis/cluster.hpp"
 #include "support/cluster_redis.hpp"
@@ -90,15 +91,37 @@ TEST_F(MultiLockTest, AContenderThatFindsOneKeyHeldLeavesNoneOfTheOthersHeld) {
   EXPECT_EQ(value(m), all->find(m)->token());
 }
 
+TEST_F(MultiLockTest, OnOneServerOneScriptGrantsAllOrWritesNothing) {
+  const auto a = resource("a"), m = resource("m");
+  auto held = svc->acquire(m, opts());
+  ASSERT_TRUE(held);
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2);
+  admin("CONFIG RESETSTAT");
+  EXPECT_FALSE(acquire_all(*svc2, {a, m}, opts()));
+  auto m2 = acquire_all(*svc2, {a, resource("z")}, opts());
+  ASSERT_TRUE(m2);
+  // What was written (commands a script runs count too): the busy attempt
+  // wrote nothing and nothing was rolled back (no DEL); the grant wrote two
+  // locks and two fences. Key by key, the busy attempt would have taken "a"
+  // (a SET, a fence SET) and deleted it again.
+  const auto stats = admin("INFO commandstats");
+  EXPECT_NE(stats.find("cmdstat_set:calls=4,"), std::string::npos) << stats;
+  EXPECT_EQ(stats.find("cmdstat_del:"), std::string::npos) << stats;
+  EXPECT_EQ(value(a), m2->find(a)->token());
+}
+
 TEST_F(MultiLockTest, AWaiterGetsEveryKeyOnceTheBusyOneIsReleased) {
   const auto a = resource("a"), b = resource("b");
   auto held = svc->acquire(b, opts());
   ASSERT_TRUE(held);
   auto c2 = make_client();
-  auto svc2 = LockService::create(*c2);
+  observe::Registry registry;
+  auto svc2 = LockService::create(*c2, LockServiceOptions{.metrics = &registry});
   auto f = async_acquire_all(*svc2, {a, b}, opts(10s, 20s), boost::asio::use_future);
-  // It keeps retrying while b is held, holding nothing between attempts.
-  ASSERT_TRUE(eventually([&] { return client->exec(redis::Command{"GET", svc->keys().fence_key(a)}).is_string(); }));
+  // It keeps retrying while b is held (busy answers counted), holding nothing.
+  ASSERT_TRUE(eventually([&] { return registry.lock_class("default").busy_total.value() >= 2; }));
+  EXPECT_EQ(exists(a), 0);
   EXPECT_TRUE(held->release());
   auto m = f.get();
   ASSERT_TRUE(m);
