@@ -4,8 +4,9 @@
 // Each resource is a plain mutex key (jobguard:lock:{R}, its own owner token,
 // its own fence counter), so `locks show`, `doctor`, force release and every
 // other client see ordinary locks. On one server (and without replica
-// confirmation) one script grants every key or none per attempt. On a Redis
-// Cluster, whose keys live in their resources' slots, acquire_all takes them
+// confirmation) one script grants every key or none per attempt, as on a
+// Redis Cluster for names that hash to one slot. Otherwise, on a cluster,
+// whose keys live in their resources' slots, acquire_all takes them
 // one by one, try-once each, in canonical order (byte order of the resource
 // names); a busy key makes it release every key it took (and wait for the
 // releases' replies) before it reports busy or waits. Either way a contender

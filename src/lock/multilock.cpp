@@ -105,8 +105,8 @@ const redis::Script& script_acquire_all() {
   return s;
 }
 
-// One acquire_all on the event loop. On one server (keys in one place, no
-// replica confirmation asked for): one script per attempt grants every key or
+// One acquire_all on the event loop. On one server, or a cluster's keys that
+// share a slot (no replica confirmation asked for): one script per attempt grants every key or
 // none (acquire_all.lua), behind the quarantine gate as a mutex grant is.
 // Elsewhere: rounds of try-once grants in canonical
 // order; a busy key or a failure rolls the round back (every key taken is
@@ -128,7 +128,15 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
   }
 
   void start() {
-    one_script_ = !svc_->client().options().cluster && svc_->confirmation_for(once_).replicas == 0;
+    // A cluster runs one script only for keys in one slot: resources whose
+    // names happen to hash to the same slot (a name cannot carry a hash tag of
+    // its own: braces are refused).
+    bool one_slot = true;
+    if (svc_->client().options().cluster) {
+      const auto slot = redis::key_slot(svc_->keys().lock_key(resources_.front()));
+      for (const auto& r : resources_) one_slot = one_slot && redis::key_slot(svc_->keys().lock_key(r)) == slot;
+    }
+    one_script_ = one_slot && svc_->confirmation_for(once_).replicas == 0;
     round();
   }
 

@@ -303,6 +303,37 @@ TEST_F(ClusterMultiLock, AContenderThatFindsOneKeyHeldLeavesNoneHeldAcrossSlots)
   for (const auto& r : rs) EXPECT_EQ(exists_on_its_primary(r), 0) << r;
 }
 
+TEST_F(ClusterMultiLock, ResourcesInOneSlotAreGrantedByOneScript) {
+  // Two names whose lock keys hash to one slot.
+  std::map<std::uint16_t, std::string> by_slot;
+  std::string r1, r2;
+  for (int i = 0; r2.empty() && i < 100000; ++i) {
+    const auto r = fmt::format("same:{}", i);
+    auto [it, fresh] = by_slot.emplace(redis::detail::key_slot(keys.lock_key(r)), r);
+    if (!fresh) r1 = it->second, r2 = r;
+  }
+  ASSERT_FALSE(r2.empty());
+  const auto port = port_of(r1);
+  auto other = connect();
+  auto svc2 = LockService::create(*other, keys);
+  auto held = svc2->acquire(r2, opts());
+  ASSERT_TRUE(held);
+  cluster->on(port, "CONFIG RESETSTAT");
+  EXPECT_FALSE(acquire_all(*svc, {r1, r2}, opts()));
+  EXPECT_EQ(exists_on_its_primary(r1), 0);
+  EXPECT_TRUE(held->release());
+  auto m = acquire_all(*svc, {r1, r2}, opts());
+  ASSERT_TRUE(m);
+  // Written: two locks and two fences by the grant, nothing by the busy
+  // attempt, and nothing deleted (taken one by one, r1 would have been taken
+  // and deleted again).
+  const auto stats = cluster->on(port, "INFO commandstats");
+  EXPECT_NE(stats.find("cmdstat_set:calls=4,"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("cmdstat_del:calls=1,"), std::string::npos) << stats;  // held's release is the one DEL
+  EXPECT_EQ(exists_on_its_primary(r1), 1);
+  EXPECT_EQ(exists_on_its_primary(r2), 1);
+}
+
 TEST_F(ClusterMultiLock, OneLeaseRenewsKeysOnEveryShardAndIsLostWithAnyOfThem) {
   const auto rs = one_per_shard("move");
   auto sched = LeaseScheduler::create(svc);
