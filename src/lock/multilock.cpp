@@ -296,8 +296,10 @@ void async_acquire_all(LockService& service, std::vector<std::string> resources,
   auto sorted = canonical_resources(service, std::move(resources), opts);
   auto op = std::make_shared<AllOrNone>(service.shared_from_this(), std::move(sorted), std::move(opts),
                                         std::move(done));
-  // Each grant's own async_acquire answers from the loop, never inside this call.
-  op->start();
+  // On the loop: the quarantine gate and the class metrics are the loop's
+  // alone. Every answer comes from a reply or a post, never inside this call.
+  if (service.client().running_in_loop_thread()) op->start();
+  else asio::post(service.client().get_executor(), [op] { op->start(); });
 }
 
 std::optional<MultiLock> acquire_all(LockService& service, std::vector<std::string> resources,
