@@ -105,10 +105,10 @@ const redis::Script& script_acquire_all() {
   return s;
 }
 
-// One acquire_all on the event loop. On one server, or a cluster's keys that
-// share a slot (no replica confirmation asked for): one script per attempt grants every key or
-// none (acquire_all.lua), behind the quarantine gate as a mutex grant is.
-// Elsewhere: rounds of try-once grants in canonical
+// One acquire_all on the event loop. On one server, or for a cluster's keys
+// that share a slot (no replica confirmation asked for): one script per
+// attempt grants every key or none (acquire_all.lua), behind the quarantine
+// gate as a mutex grant is. Elsewhere: rounds of try-once grants in canonical
 // order; a busy key or a failure rolls the round back (every key taken is
 // released, and the releases answered) before it waits or completes, so the
 // caller is never told "busy" while it still holds a key.
