@@ -115,8 +115,10 @@ TEST_F(MultiLockTest, AWaiterGetsEveryKeyOnceTheBusyOneIsReleased) {
   const auto a = resource("a"), b = resource("b");
   auto held = svc->acquire(b, opts());
   ASSERT_TRUE(held);
-  auto c2 = make_client();
+  // Before the client: a Lock's scope-exit release counts into it from the
+  // client's loop after the Lock is gone.
   observe::Registry registry;
+  auto c2 = make_client();
   auto svc2 = LockService::create(*c2, LockServiceOptions{.metrics = &registry});
   auto f = async_acquire_all(*svc2, {a, b}, opts(10s, 20s), boost::asio::use_future);
   // It keeps retrying while b is held (busy answers counted), holding nothing.
@@ -233,7 +235,8 @@ TEST_F(MultiLeaseTest, LosingOneKeyLosesTheLeaseOnceAndGivesBackTheOthers) {
   client->exec(redis::Command{"SET", svc->keys().lock_key(b), "intruder", "PX", "10000"});
   ASSERT_TRUE(eventually([&] { return lease.lost(); }, 5s));
   EXPECT_EQ(lease.state(), LeaseState::token_gone);
-  EXPECT_TRUE(lease.stop_token().stop_requested());
+  // The state is published a moment before the stop is requested (the loop's thread).
+  EXPECT_TRUE(eventually([&] { return lease.stop_token().stop_requested(); }));
   EXPECT_NE(lease.reason().find(svc->keys().lock_key(b)), std::string::npos) << lease.reason();
   ASSERT_TRUE(eventually([&] { return signals.load() == 1; }));
   // a and c are given back at once; b stays the intruder's.
