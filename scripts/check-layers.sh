@@ -32,7 +32,7 @@ declare -A level=([common]=0 [redis]=1 [observe]=2 [lock]=3 [guard]=4 [pg]=5 [jo
 # the umbrella header: it may include anything, and nothing may include it.
 declare -A top=([error.hpp]=common [duration.hpp]=common [clock.hpp]=common [text.hpp]=common
                 [version.hpp]=common [lock.hpp]=lock [lease.hpp]=lock [admin.hpp]=lock [semaphore.hpp]=lock [rwlock.hpp]=lock
-                [async.hpp]=lock [quorum.hpp]=lock)
+                [async.hpp]=lock [quorum.hpp]=lock [multilock.hpp]=lock)
 
 # The contracts between parts (include/jobguard/detail/), by the part that
 # defines them.

@@ -16,6 +16,8 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "cli.hpp"
 #include "jobguard/observe/fleet.hpp"
@@ -39,6 +41,9 @@ constexpr const char* kRunHelp = R"(Run CMD while holding the Redis lock KEY: a 
                [--fence] [--fair | --permits N | --shared | --exclusive]
                [--once RUN_ID] [--job-id ID]
                [--class NAME] [--foreground] -- CMD [ARGS...]
+  jobguard run --key A --key B [--key C...] [--ttl 30s] [--wait DUR] [--fence]
+               [--timeout DUR] [--grace 10s] [--job-id ID] [--class NAME]
+               [--foreground] -- CMD [ARGS...]
 
 KEY names the business object ("invoice:48291"); the Redis key is
 jobguard:lock:{KEY}. The lease is renewed every ttl/3 while CMD runs. CMD runs
@@ -79,6 +84,22 @@ group. A CMD stopped (SIGTTIN, SIGTSTP...) for longer than --grace is killed;
 is released after CMD exits and what it left in its group is killed.
 CMD must follow `--`.
 
+--key given more than once: hold every KEY or none (docs/multilock.md). Each
+is a plain lock (jobguard:lock:{KEY}, its own token and fence counter). One
+server grants them all or none in one script; a Redis Cluster's are taken one
+at a time in byte order of the names, and when one is busy the keys already
+taken are released before jobguard waits (retrying with backoff until --wait
+runs out) or exits 75: it never holds some while it waits for others. One
+lease renews them all; losing any of them stops CMD (exit 70). CMD gets,
+space-separated and in that order, one word per KEY (instead of JOBGUARD_KEY,
+JOBGUARD_TOKEN and JOBGUARD_FENCE):
+  JOBGUARD_RESOURCES  the KEY names
+  JOBGUARD_KEYS       the Redis keys
+  JOBGUARD_TOKENS     our owner token in each
+  JOBGUARD_FENCES     each key's fencing token, from its own counter (--fence)
+A KEY named twice, several --key with --permits, --fair, --once, --shared or
+--exclusive: exit 64.
+
 --once RUN_ID: if a completion record for (KEY, RUN_ID) exists, CMD is skipped
 (exit 0, with a message); when CMD exits 0 on its own, a record is written
 before the lock is released. Records live in PostgreSQL when --postgres (or
@@ -98,7 +119,7 @@ Exit status:
               128+N when it stayed stopped by signal N (149: SIGTTIN)
   0           --once: RUN_ID was already done, CMD skipped
   64          usage: missing --key, CMD or `--`, malformed duration, URL, key
-              or --class
+              or --class, a KEY named twice
   69          Redis (or PostgreSQL for --once) unavailable: connect failed or
               timed out; fail-closed, CMD not run
   70          the lease was lost while CMD ran (CMD was stopped)
@@ -113,7 +134,7 @@ with --log-format json each line is one JSON object with event, lock_key,
 job_id, outcome and elapsed_ms.)";
 
 struct RunArgs {
-  std::string key;
+  std::vector<std::string> keys;  // one: a lock or a permit; several: all or none
   std::string ttl = "30s";
   std::string wait;
   std::string timeout;
@@ -158,7 +179,22 @@ class Runner {
     // so a usage error is 64 even when Redis is down.
     if (a_.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
     job::LockedRunOptions o;
-    o.resource = a_.key;
+    const std::string& key = a_.keys.front();
+    o.resource = key;
+    const bool several = a_.keys.size() > 1;
+    if (several) {
+      o.more_resources.assign(a_.keys.begin() + 1, a_.keys.end());
+      if (!a_.permits.empty()) throw Error(errc::invalid_argument, "--permits with several --key: a semaphore is on one KEY");
+      if (a_.fair) throw Error(errc::invalid_argument, "--fair with several --key: fair mode queues on one KEY");
+      if (!a_.once.empty()) throw Error(errc::invalid_argument, "--once with several --key: a run record is for one KEY");
+      if (a_.shared || a_.exclusive)
+        throw Error(errc::invalid_argument, fmt::format("{} with several --key: a read-write lock is on one KEY",
+                                                        a_.shared ? "--shared" : "--exclusive"));
+      std::vector<std::string> sorted = a_.keys;
+      std::sort(sorted.begin(), sorted.end());
+      if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
+        throw Error(errc::invalid_argument, fmt::format("--key {} given twice", *d));
+    }
     o.lock.ttl = parse_duration_ms(a_.ttl, "--ttl");
     if (o.lock.ttl < milliseconds(10))
       throw Error(errc::invalid_argument, fmt::format("--ttl {} is below the minimum of 10ms", a_.ttl));
@@ -204,11 +240,12 @@ class Runner {
       throw Error(errc::invalid_argument, fmt::format("--once \"{}\": a run id must be 1..512 bytes without whitespace", a_.once));
     o.run_id = a_.once;
     KeyBuilder keys;
-    KeyBuilder::validate_resource(a_.key);  // names the key and the offending character
-    rep_.key = !a_.permits.empty() ? keys.permit_holders_key(a_.key)
-               : a_.shared           ? keys.rw_readers_key(a_.key)
-               : a_.exclusive        ? keys.rw_writer_key(a_.key)
-                                     : keys.lock_key(a_.key);
+    for (const auto& k : a_.keys) KeyBuilder::validate_resource(k);  // names the key and the offending character
+    rep_.key = !a_.permits.empty() ? keys.permit_holders_key(key)
+               : a_.shared           ? keys.rw_readers_key(key)
+               : a_.exclusive        ? keys.rw_writer_key(key)
+                                     : keys.lock_key(key);
+    for (std::size_t i = 1; i < a_.keys.size(); ++i) rep_.key += "," + keys.lock_key(a_.keys[i]);
     rep_.job_id = a_.job_id;
     rep_.cls = a_.cls;
     auto conn = redis::parse_url(g_.redis_url);
@@ -270,7 +307,10 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   auto args = std::make_shared<RunArgs>();
   auto* sub = root.add_subcommand("run", "Run CMD while holding a Redis lock (a distributed flock)");
   sub->footer(exit_status_help(kRunHelp));
-  sub->add_option("--key", args->key, "Resource to lock, e.g. invoice:48291 (required)")->required();
+  // One value per --key: `--key A B` is not two keys (B would be taken from CMD's side).
+  sub->add_option("--key", args->keys, "Resource to lock, e.g. invoice:48291 (required; repeat to hold several, all or none)")
+      ->required()
+      ->allow_extra_args(false);
   sub->add_option("--ttl", args->ttl, "Lock TTL; renewed every ttl/3 (>= 10ms)")->check(duration_validator())->capture_default_str();
   sub->add_option("--wait", args->wait, "Wait up to DUR for a busy lock (default: try once)")->check(duration_validator());
   sub->add_option("--timeout", args->timeout, "Hard timeout for CMD, from its start (exit 124)")->check(duration_validator());

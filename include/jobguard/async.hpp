@@ -38,10 +38,12 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "jobguard/error.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/multilock.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard {
@@ -124,6 +126,27 @@ auto async_acquire(LockService& service, std::string resource, LockOptions opts,
             std::optional<Lock>());
       },
       token, std::move(resource), std::move(opts));
+}
+
+// acquire_all without blocking (<jobguard/multilock.hpp>): every lock of the
+// set, or nullopt (none held) when one stayed busy for the whole wait.
+// Signature: void(std::exception_ptr, std::optional<MultiLock>).
+template <class Token>
+auto async_acquire_all(LockService& service, std::vector<std::string> resources, LockOptions opts, Token&& token) {
+  return boost::asio::async_initiate<Token, void(std::exception_ptr, std::optional<MultiLock>)>(
+      [&service](auto handler, std::vector<std::string> r, LockOptions o) {
+        detail::initiate(
+            std::move(handler), service.client().get_executor(),
+            [&](const auto& done) {
+              // Named as the handler type: a bare lambda would pick this template again.
+              jobguard::async_acquire_all(service, std::move(r), std::move(o),
+                                          AcquireAllHandler([done](const Error& e, std::optional<MultiLock> m) {
+                                            done(detail::as_exception(e), std::move(m));
+                                          }));
+            },
+            std::optional<MultiLock>());
+      },
+      token, std::move(resources), std::move(opts));
 }
 
 // Lock::release without blocking: true if the lock was still ours.

@@ -30,6 +30,7 @@
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/quorum.hpp"
+#include "jobguard/multilock.hpp"
 #include "jobguard/rwlock.hpp"
 #include "jobguard/semaphore.hpp"
 

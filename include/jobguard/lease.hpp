@@ -18,8 +18,10 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <vector>
 
 #include "jobguard/lock.hpp"
+#include "jobguard/multilock.hpp"
 
 namespace jobguard {
 
@@ -75,6 +77,11 @@ class Lease {
   std::optional<std::int64_t> fence() const noexcept;
   // The service whose lock this is (its client runs the renewals).
   LockService& service() const noexcept;
+  // The locks it renews: 1, or a multi-lock's set (LeaseScheduler::adopt_all)
+  // in canonical order; key(), token(), resource() and fence() are the first's.
+  std::size_t lock_count() const noexcept;
+  // Throws std::out_of_range for i >= lock_count().
+  const Lock& lock_at(std::size_t i) const;
 
   // Time the lock is still certainly ours (zero when lost). Computed from the
   // monotonic clock on every call, so a caller resuming from a pause sees the
@@ -124,6 +131,7 @@ class Lease {
  private:
   friend class LeaseScheduler;
   bool stop_for_release();
+  std::vector<Lock*> all_locks() const;
   explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
   std::shared_ptr<State> s_;
 };
@@ -160,6 +168,12 @@ class LeaseScheduler : public std::enable_shared_from_this<LeaseScheduler> {
 
   // Takes over a held lock and keeps it renewed.
   Lease adopt(Lock lock, const LeaseOptions& opts = {});
+  // Takes over a multi-lock's set as one lease: every key renewed together,
+  // the safe time counted from the first grant and moved only when every key
+  // was renewed; the lease is lost (one on_lost, one stop_token) when any key
+  // is. Releasing it releases them all. Throws Error(invalid_argument) for a
+  // set not all held or not granted together (acquire_all).
+  Lease adopt_all(MultiLock locks, const LeaseOptions& opts = {});
   // Acquire + adopt. nullopt when busy for the whole wait.
   std::optional<Lease> acquire(std::string_view resource, const LockOptions& lock_opts,
                                const LeaseOptions& lease_opts = {});

@@ -7,6 +7,7 @@
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/lease.hpp"
+#include "jobguard/multilock.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/rwlock.hpp"
 #include "jobguard/semaphore.hpp"
@@ -72,6 +73,7 @@ class LockedRun {
 
   LockedRunResult run() {
     const auto started = steady_clock::now();
+    if (!o_.more_resources.empty()) return run_all(started);
     if (o_.once && find_record(started)) return skipped();
 
     auto service = LockService::create(client_, keys_);
@@ -134,6 +136,66 @@ class LockedRun {
   }
 
  private:
+  // Several resources, all or none (acquire_all): the same steps as run().
+  LockedRunResult run_all(steady_clock::time_point started) {
+    if (o_.once) throw Error(errc::invalid_argument, "a completion record (once) is for one resource, not several");
+    std::vector<std::string> resources = o_.more_resources;
+    resources.insert(resources.begin(), o_.resource);
+    auto service = LockService::create(client_, keys_);
+    resources = canonical_resources(*service, std::move(resources), o_.lock);  // bad sets: invalid_argument
+    std::string names;
+    for (const auto& r : resources) names += (names.empty() ? "" : ", ") + keys_.lock_key(r);
+    const auto acquire_start = steady_clock::now();
+    std::optional<MultiLock> locks;
+    try {
+      locks = acquire_all(*service, resources, o_.lock);
+    } catch (const Error& e) {
+      if (next_step_for(e.code()) == next_step::retry_call)
+        throw Error(errc::redis_unavailable,
+                    fmt::format("Redis failed while acquiring {}: {}; CMD not run (fail-closed)", names, e.what()));
+      throw;
+    }
+    if (!locks) {
+      std::string held;
+      for (const auto& r : resources) {
+        const std::string k = keys_.lock_key(r);
+        const auto who = describe_holder(client_, k);
+        if (who != "another owner (released just now)") held += fmt::format("{}{} is held by {}", held.empty() ? "" : "; ", k, who);
+      }
+      if (held.empty()) held = "every key was released just now";
+      event("busy", "busy", ms_since(acquire_start), true,
+            fmt::format("lock busy: {}; none of {} held{}", held, names,
+                        o_.lock.wait.count() > 0 ? fmt::format(" (waited {})", format_duration(o_.lock.wait)) : ""));
+      return LockedRunResult{LockedRunResult::Status::busy, {}, false, false};
+    }
+    acquired_at_ = locks->locks().front().acquired_at();
+    std::string rs, ks, ts, fs;
+    for (const auto& l : locks->locks()) {
+      const char* sep = rs.empty() ? "" : " ";
+      rs += sep + l.resource();
+      ks += sep + l.key();
+      ts += sep + l.token();
+      if (l.fence()) fs += sep + std::to_string(*l.fence());
+    }
+    std::vector<std::pair<std::string, observe::FieldValue>> extra;
+    if (o_.lock.fence) extra.emplace_back("fences", fs);
+    event("acquired", "ok", ms_since(acquire_start), false, fmt::format("acquired {}", names), extra);
+    o_.cmd.env.emplace_back("JOBGUARD_RESOURCES", rs);
+    o_.cmd.env.emplace_back("JOBGUARD_KEYS", ks);
+    o_.cmd.env.emplace_back("JOBGUARD_TOKENS", ts);
+    if (o_.lock.fence) o_.cmd.env.emplace_back("JOBGUARD_FENCES", fs);
+    auto scheduler = LeaseScheduler::create(service);
+    Lease lease = scheduler->adopt_all(std::move(*locks));
+    return supervise(lease, started);
+  }
+
+  // "jobguard:lock:{a}", or every key of a multi-lock's lease.
+  static std::string lease_keys(const Lease& lease) {
+    std::string out = lease.key();
+    for (std::size_t i = 1; i < lease.lock_count(); ++i) out += ", " + lease.lock_at(i).key();
+    return out;
+  }
+
   LockedRunResult supervise(Lease& lease, steady_clock::time_point started) {
     o_.cmd.lease = &lease;
     boost::asio::io_context ctx;
@@ -143,7 +205,7 @@ class LockedRun {
                      [&](const SupervisorEvent& ev) { report(ev); });
       ctx.run();
     }
-    const std::string key = lease.key();  // release() empties the handle
+    const std::string key = lease_keys(lease);
     if (r.outcome.ending == Ending::failed_to_start) {
       const bool ours = lease.release();
       event("released", ours ? "ok" : "not_ours", ms_since(acquired_at_), false, fmt::format("released {}", key));

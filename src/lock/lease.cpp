@@ -40,9 +40,10 @@ const char* to_string(LeaseState s) noexcept {
 
 struct Lease::State {
   State(std::shared_ptr<LeaseScheduler> s, Lock l, const LeaseOptions& o, const MonotonicClock& c,
-        observe::LockClassMetrics& m)
+        observe::LockClassMetrics& m, std::vector<Lock> others = {})
       : sched(std::move(s)),
         lock(std::move(l)),
+        more(std::move(others)),
         opts(o),
         clock(c),
         metrics(m),
@@ -52,6 +53,9 @@ struct Lease::State {
 
   std::shared_ptr<LeaseScheduler> sched;
   Lock lock;
+  // The rest of a multi-lock's set (LeaseScheduler::adopt_all): renewed with
+  // `lock` as one, and losing any of them loses the lease.
+  std::vector<Lock> more;
   LeaseOptions opts;
   const MonotonicClock& clock;       // the scheduler's (= the service's)
   observe::LockClassMetrics& metrics;  // the lock's class in the scheduler's registry
@@ -162,7 +166,7 @@ struct LeaseScheduler::Impl {
     std::string why;
     {
       std::lock_guard<std::mutex> g(s->mu);
-      s->reason = fmt::format("lease on {} lost: {}", s->lock.key(), s->tl.reason());
+      s->reason = fmt::format("lease on {} lost: {}", keys_text(*s), s->tl.reason());
       why = s->reason;
       cb = std::move(s->on_lost);
       s->on_lost = nullptr;
@@ -181,7 +185,10 @@ struct LeaseScheduler::Impl {
     active.fetch_sub(1);
     s->stop.request_stop();
     unschedule(s);
-    if (st == LeaseState::timed_out) release_timed_out(s);
+    // A multi-lock that lost one key gives back the others at once
+    // (compare-and-delete: only those still ours), so the next holder of the
+    // set does not wait out their TTL.
+    if (st == LeaseState::timed_out || !s->more.empty()) release_timed_out(s);
     if (cb) cb(st, why);
     end(*s, st);
   }
@@ -194,10 +201,21 @@ struct LeaseScheduler::Impl {
   void release_timed_out(const std::shared_ptr<Lease::State>& s) {
     auto self = owner.lock();
     if (!self) return;
-    self->service().async_release_held(s->lock, [m = &s->lock.metrics()](const Error& e, bool ours) {
-      if (e) m->redis_errors_total.inc();
-      else if (ours) m->releases_total.inc();
-    });
+    auto one = [&](const Lock& l) {
+      self->service().async_release_held(l, [m = &l.metrics()](const Error& e, bool ours) {
+        if (e) m->redis_errors_total.inc();
+        else if (ours) m->releases_total.inc();
+      });
+    };
+    one(s->lock);
+    for (const auto& l : s->more) one(l);
+  }
+
+  // "jobguard:lock:{a}", or "jobguard:lock:{a}, jobguard:lock:{b}" for a multi-lock.
+  static std::string keys_text(const Lease::State& s) {
+    std::string out = s.lock.key();
+    for (const auto& l : s.more) out.append(", ").append(l.key());
+    return out;
   }
 
   // Loop thread: the lease ended; wake every when_ended waiter.
@@ -256,6 +274,14 @@ struct LeaseScheduler::Impl {
   std::string state_lost(Lease::State& s) {
     const auto& now_epoch = gate().epoch();
     if (s.lock.epoch().empty() || now_epoch.empty()) return {};
+    // A multi-lock's keys may live on several shards: each is checked
+    // against its own shard's epoch, every time (no per-generation cache).
+    for (const auto& l : s.more) {
+      const auto& theirs = gate().epoch_for(l.key());
+      if (!l.epoch().empty() && !theirs.empty() && theirs != l.epoch())
+        return fmt::format("the server of {} lost lock state since the grant (epoch {} -> {}); "
+                           "another holder may be granted the lock", l.key(), l.epoch(), theirs);
+    }
     // Once per lease and epoch, not per renewal: the lease's epoch string is
     // cold memory (one cache miss a renewal, a tenth of the scheduler's time
     // with 100,000 leases); the scheduler's copy of the gate's epoch is hot.
@@ -320,14 +346,41 @@ struct LeaseScheduler::Impl {
   void send_renewal(const std::shared_ptr<Lease::State>& s) {
     auto self = owner.lock();
     if (!self) return;
-    self->service().async_extend_held(s->lock, s->lock.ttl(),
-                                      [this, self, s](const Error& e, bool ours) { renewed(s, e, ours); });
+    if (s->more.empty())
+      return self->service().async_extend_held(s->lock, s->lock.ttl(),
+                                               [this, self, s](const Error& e, bool ours) { renewed(s, e, ours); });
+    // A multi-lock: every key renewed at once, and the lease's safe time
+    // moves (renewed() once, with the verdict of all) only when every key
+    // was; the first key not ours is named in the loss.
+    struct Join {
+      std::size_t left;
+      Error first;
+      std::string not_ours;
+    };
+    auto j = std::make_shared<Join>(Join{1 + s->more.size(), Error(), std::string()});
+    auto one = [this, self, s, j](const Lock& l) {
+      self->service().async_extend_held(l, l.ttl(), [this, self, s, j, key = l.key()](const Error& e, bool ours) {
+        if (e && !j->first) j->first = e;
+        if (!e && !ours && j->not_ours.empty()) j->not_ours = key;
+        if (--j->left > 0) return;
+        if (!j->first && !j->not_ours.empty() && s->tl.state() == LeaseState::active) {
+          s->metrics.renewal_failures_total.inc();
+          s->tl.state_lost(fmt::format("{} is gone or held by another owner", j->not_ours));
+          publish(s);
+          return schedule(s);
+        }
+        renewed(s, j->first, !j->first);
+      });
+    };
+    one(s->lock);
+    for (const auto& l : s->more) one(l);
   }
 
   bool batchable(const Lease::State& s) const {
     // A permit or a read-write lock holder renews by its own script
     // (sem_extend.lua), one by one.
     return s.lock.confirmation().replicas == 0 && s.lock.permits() == 0 && s.lock.mode() == LockMode::mutex &&
+           s.more.empty() &&
            !s.sched->service().client().options().cluster;
   }
 
@@ -466,7 +519,10 @@ bool Lease::stop_for_release() {
     impl->unschedule(s);
     if (was_active) LeaseScheduler::Impl::end(*s, LeaseState::released);
   });
-  if (!was_active) s->lock.detach();
+  if (!was_active) {
+    s->lock.detach();
+    for (auto& l : s->more) l.detach();
+  }
   return was_active;
 }
 
@@ -476,8 +532,19 @@ bool Lease::release() {
   if (s_->sched->service().client().running_in_loop_thread()) {
     // Cannot block here: send the release now without waiting for the reply
     // (left to the Lock's destructor, it would wait for the last handle).
-    s_->lock.async_release(nullptr);
+    for (auto* l : all_locks()) l->async_release(nullptr);
     return true;
+  }
+  if (!s_->more.empty()) {
+    bool all = true;
+    for (auto* l : all_locks()) {
+      try {
+        all = l->release() && all;
+      } catch (const Error&) {
+        all = false;  // unreachable Redis: the TTL frees the lock
+      }
+    }
+    return all;
   }
   try {
     return s_->lock.release();
@@ -485,6 +552,15 @@ bool Lease::release() {
     return false;  // unreachable Redis: the TTL frees the lock
   }
 }
+
+std::vector<Lock*> Lease::all_locks() const {
+  std::vector<Lock*> out{&s_->lock};
+  for (auto& l : s_->more) out.push_back(&l);
+  return out;
+}
+
+std::size_t Lease::lock_count() const noexcept { return 1 + s_->more.size(); }
+const Lock& Lease::lock_at(std::size_t i) const { return i == 0 ? s_->lock : s_->more.at(i - 1); }
 
 void Lease::async_release(std::function<void(const Error&, bool)> done) {
   if (!stop_for_release()) {
@@ -494,7 +570,21 @@ void Lease::async_release(std::function<void(const Error&, bool)> done) {
     });
     return;
   }
-  s_->lock.async_release(std::move(done));
+  if (s_->more.empty()) return s_->lock.async_release(std::move(done));
+  struct Join {
+    std::size_t left;
+    Error first;
+    bool all = true;
+    std::function<void(const Error&, bool)> done;
+  };
+  auto locks = all_locks();
+  auto j = std::make_shared<Join>(Join{locks.size(), Error(), true, std::move(done)});
+  for (auto* l : locks)
+    l->async_release([j](const Error& e, bool ours) {
+      if (e && !j->first) j->first = e;
+      j->all = j->all && ours && !e;
+      if (--j->left == 0 && j->done) j->done(j->first, j->all);
+    });
 }
 
 // --- LeaseScheduler -------------------------------------------------------------
@@ -538,6 +628,28 @@ Lease LeaseScheduler::adopt(Lock lock, const LeaseOptions& opts) {
   impl_->active.fetch_add(1);
   asio::post(service_->client().get_executor(), [impl = impl_, s] {
     impl->publish(s);  // a lock adopted after its safe time is lost at once
+    impl->schedule(s);
+  });
+  return Lease(std::move(s));
+}
+
+Lease LeaseScheduler::adopt_all(MultiLock locks, const LeaseOptions& opts) {
+  if (!locks.held()) throw Error(errc::invalid_argument, "adopt_all: the locks are not all held");
+  if (opts.jitter < 0 || opts.jitter >= 1) throw Error(errc::invalid_argument, "lease jitter must be in [0, 1)");
+  auto all = locks.take();
+  Lock first = std::move(all.front());
+  all.erase(all.begin());
+  // The earliest grant starts the lease: the key granted first expires first.
+  for (const auto& l : all)
+    if (l.acquired_at() < first.acquired_at() || l.ttl() != first.ttl())
+      throw Error(errc::invalid_argument, "adopt_all: the locks were not granted together (ttl or grant order)");
+  observe::LockClassMetrics& m = &impl_->registry == &service_->metrics_registry()
+                                     ? first.metrics()
+                                     : impl_->registry.lock_class(first.lock_class());
+  auto s = std::make_shared<Lease::State>(shared_from_this(), std::move(first), opts, impl_->clock, m, std::move(all));
+  impl_->active.fetch_add(1);
+  asio::post(service_->client().get_executor(), [impl = impl_, s] {
+    impl->publish(s);
     impl->schedule(s);
   });
   return Lease(std::move(s));

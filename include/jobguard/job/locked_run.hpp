@@ -30,6 +30,13 @@ namespace jobguard::job {
 
 struct LockedRunOptions {
   std::string resource;  // the business object; validated by LockService
+  // More resources to hold with `resource`, all or none (<jobguard/multilock.hpp>):
+  // one lease renews them all and losing any stops CMD. CMD then gets
+  // JOBGUARD_RESOURCES, JOBGUARD_KEYS, JOBGUARD_TOKENS (and JOBGUARD_FENCES
+  // with a fence): space-separated, one word per resource in canonical order,
+  // instead of JOBGUARD_KEY / JOBGUARD_TOKEN / JOBGUARD_FENCE. Not with permits,
+  // fair or once (Error(invalid_argument)).
+  std::vector<std::string> more_resources;
   LockOptions lock;      // ttl, wait, fence, fair, job_id, lock_class
   // CMD and how it is supervised. JOBGUARD_KEY, JOBGUARD_TOKEN (and
   // JOBGUARD_FENCE with a fence; JOBGUARD_PERMITS and JOBGUARD_PERMIT_SLOT for
