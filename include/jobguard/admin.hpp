@@ -191,6 +191,16 @@ std::string audit_key(const KeyBuilder& keys, std::string_view resource);
 // for tools that read it; only the lock part writes it. On a Redis Cluster
 // each primary keeps its own, in a slot of that primary's.
 std::string_view lock_state_key() noexcept;
+// Where the lock-state records are, to read each on its own node: one on a
+// single server (node ""), one per primary on a cluster (each in a slot of
+// its own primary, at CallOptions::node = node). Throws Error when the
+// cluster's slot map cannot be read or names no primary.
+struct LockStateRecord {
+  std::string node;     // CallOptions::node ("" on one server)
+  std::string address;  // "host:port", for messages
+  std::string key;      // the record's key
+};
+std::vector<LockStateRecord> lock_state_records(redis::Client& client);
 // "$USER@hostname" (the login name from the password database when $USER is unset).
 std::string default_who();
 

@@ -289,6 +289,24 @@ std::string append_audit(LockService& service, const AuditRecord& record, std::s
 
 std::string_view lock_state_key() noexcept { return detail::kLockStateKey; }
 
+std::vector<LockStateRecord> lock_state_records(redis::Client& client) {
+  if (!client.options().cluster) return {LockStateRecord{"", client.address(), detail::kLockStateKey}};
+  // Every primary's own record, the one StateGate::check_cluster reads.
+  std::promise<std::vector<redis::PrimaryShard>> p;
+  auto f = p.get_future();
+  client.async_primaries([&p](std::error_code ec, const std::string& why, std::vector<redis::PrimaryShard> s) {
+    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, why, error_source::redis)));
+    else p.set_value(std::move(s));
+  });
+  std::vector<LockStateRecord> out;
+  for (const auto& shard : f.get()) {
+    auto key = detail::lock_state_key_for(shard);
+    if (!key.empty()) out.push_back(LockStateRecord{shard.address, shard.address, std::move(key)});
+  }
+  if (out.empty()) throw Error(errc::protocol_error, "the cluster's slot map names no primary serving a slot");
+  return out;
+}
+
 }  // namespace admin
 }  // namespace jobguard
 

@@ -3,12 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <boost/asio/steady_timer.hpp>
-#include <future>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 
+#include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
@@ -278,6 +277,15 @@ void StateGate::check_cluster(std::uint64_t sent_mark) {
     };
     auto round = std::make_shared<Round>();
     for (auto& n : nodes) round->shards.push_back(ShardCheck{std::move(n), {}, {}});
+    // A step found on a primary that has left the map has no record to go
+    // to; the quarantine it started here stands.
+    std::string stepping;
+    if (self->pending_step_ms_ > 0) {
+      for (const auto& sc : round->shards)
+        if (sc.node.address == self->pending_step_node_) stepping = sc.node.address;
+      if (stepping.empty()) self->pending_step_ms_ = 0;
+    }
+    const auto sent = std::chrono::steady_clock::now();
     round->replies.resize(round->shards.size());
     round->left = round->shards.size();
     if (round->left == 0)
@@ -285,14 +293,18 @@ void StateGate::check_cluster(std::uint64_t sent_mark) {
     for (std::size_t i = 0; i < round->shards.size(); ++i) {
       std::string key = lock_state_key_for(round->shards[i].node);
       std::vector<std::string> args{std::to_string(self->max_ttl_.count()), "check"};
+      if (!stepping.empty() && round->shards[i].node.address == stepping) {
+        args[1] = "step";
+        args.push_back(std::to_string(self->pending_step_ms_));
+      }
       redis::CallOptions on;
       on.node = round->shards[i].node.address;
       self->client_.async_eval(
           script_epoch(), {std::move(key)}, std::move(args),
-          [self, sent_mark, round, i](std::error_code ec2, redis::Reply r) {
+          [self, sent_mark, round, i, sent, stepping](std::error_code ec2, redis::Reply r) {
             round->replies[i] = {ec2, std::move(r)};
             if (--round->left == 0)
-              self->on_cluster_checked(sent_mark, std::move(round->shards), std::move(round->replies));
+              self->on_cluster_checked(sent_mark, sent, stepping, std::move(round->shards), std::move(round->replies));
           },
           on);
     }
@@ -346,9 +358,25 @@ void StateGate::on_checked(std::uint64_t sent_mark, std::chrono::steady_clock::t
   apply(std::move(t), c->left, c->reason);
 }
 
-void StateGate::on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardCheck> shards,
+void StateGate::on_cluster_checked(std::uint64_t sent_mark, std::chrono::steady_clock::time_point sent,
+                                   const std::string& stepping, std::vector<ShardCheck> shards,
                                    std::vector<std::pair<std::error_code, redis::Reply>> replies) {
   if (retry_after_flap(sent_mark)) return;
+  // Each primary's own reading of its clock; a step written to its record
+  // is done with, one found now (or while the check was on its way) is
+  // written by a check of its own.
+  const auto received = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (replies[i].first) continue;
+    const auto c = Checked::parse(replies[i].second);
+    if (!c) continue;
+    if (!stepping.empty() && shards[i].node.address == stepping && pending_step_node_ == stepping) pending_step_ms_ = 0;
+    if (c->now_us) node_clock_sample(shards[i].node.address, *c->now_us, sent, received);
+  }
+  if (pending_step_ms_ > 0) {
+    retries_ = 0;
+    return check();
+  }
   for (std::size_t i = 0; i < shards.size(); ++i) {
     if (!replies[i].first) continue;
     // No grants on this check. What the healthy shards said still vouches
@@ -433,110 +461,9 @@ void StateGate::settle(std::error_code ec, const std::string& detail, ms retry_i
   for (auto& cb : waiting) cb(ec, detail, retry_in, ec ? nullptr : ticket_);
 }
 
-bool StateGate::watches_clock() const noexcept { return !client_.options().cluster; }
-
 void StateGate::warn(const std::string& line) const {
   if (client_.options().on_warning) client_.options().on_warning(line);
   else std::fprintf(stderr, "jobguard: warning: %s\n", line.c_str());
-}
-
-bool StateGate::clock_sample(std::int64_t server_us, std::chrono::steady_clock::time_point sent,
-                             std::chrono::steady_clock::time_point received) {
-  if (!watches_clock()) return false;
-  // A reconnect may have reached another server (a failover): its clock is
-  // a new baseline, not a step of the old one (the lock-state check judges
-  // the server change itself).
-  if (const auto m = mark(); m != watch_mark_) {
-    watch_.reset();
-    watch_mark_ = m;
-  }
-  const auto step = watch_.observe(server_us, sent, received);
-  if (step.count() > 0) {
-    clock_stepped(step);
-    return true;
-  }
-  if (step.count() < 0) {
-    // Keys live longer by the step (a crashed holder's lock is freed that
-    // much later) and the fence floor moves back, which the fence counter
-    // itself stays above: liveness, not safety. Told, never quarantined.
-    warn(fmt::format("the clock of {} stepped back by at least {} ms (its TIME against this host's monotonic "
-                     "clock): locks of crashed holders expire that much later",
-                     client_.address(), -step.count() / 1000));
-  }
-  return false;
-}
-
-void StateGate::clock_stepped(std::chrono::microseconds step) {
-  const std::int64_t step_ms = std::max<std::int64_t>(1, step.count() / 1000);
-  ++clock_gen_;  // grants in flight under an earlier ticket are handed back
-  ++clock_steps_;
-  reason_ = fmt::format("the server clock stepped forward by {} ms: lock keys may have expired early", step_ms);
-  warn(fmt::format("the clock of {} stepped forward by at least {} ms (its TIME against this host's monotonic "
-                   "clock): lock keys may have expired early; leases granted before are lost and grants refused "
-                   "for {} ms",
-                   client_.address(), step_ms, max_ttl_.count()));
-  // No grant until the record says so; the check below writes the step there
-  // so every client of the server is quarantined with us.
-  ticket_.reset();
-  last_.reset();
-  const auto now = clock_.now();
-  checked_at_ = now;
-  quarantine_until_ = now + max_ttl_;
-  if (!last_epoch_.empty()) {
-    // Every lease granted before the step is lost now, before the record's
-    // round trip: its key may be gone already.
-    last_epoch_ += "+clock-step";
-    std::erase_if(listeners_, [](const auto& p) { return p.first.expired(); });
-    auto ls = listeners_;
-    for (auto& [owner, fn] : ls)
-      if (auto keep = owner.lock()) fn(last_epoch_, reason_);
-  }
-  pending_step_ms_ = std::max(pending_step_ms_, step_ms);
-  if (!checking_) {
-    waiting_.push_back([](std::error_code, const std::string&, ms, TicketPtr) {});
-    retries_ = 0;
-    check();
-  }
-}
-
-void StateGate::touch() {
-  if (clock_probe_.count() <= 0 || !watches_clock()) return;
-  touched_ = std::chrono::steady_clock::now();
-  if (!probing_) {
-    probing_ = true;
-    arm_probe();
-  }
-}
-
-// The timer lives in its own handler, never in the gate: a gate dropped by
-// another thread must not destroy a timer the loop is waiting on.
-void StateGate::arm_probe() {
-  auto timer = std::make_shared<boost::asio::steady_timer>(client_.get_executor(), clock_probe_);
-  timer->async_wait([timer, w = weak_from_this()](const auto& ec) {
-    if (ec) return;
-    if (auto self = w.lock()) self->probe();
-  });
-}
-
-void StateGate::probe() {
-  const auto now = std::chrono::steady_clock::now();
-  // Idle for a max TTL: nothing held can be shortened by a step any more.
-  if (now - touched_ > max_ttl_) {
-    probing_ = false;
-    return;
-  }
-  const auto sent_mark = mark();
-  client_.async_exec(redis::Command{"TIME"}, [w = weak_from_this(), now, sent_mark](std::error_code ec, redis::Reply r) {
-    auto self = w.lock();
-    if (!self) return;
-    if (!ec && r.is_array() && r.elements.size() == 2 && self->mark() == sent_mark) {
-      const auto num = [](const redis::Reply& e) -> std::int64_t {
-        return e.is_integer() ? e.integer : std::strtoll(e.str.c_str(), nullptr, 10);
-      };
-      self->clock_sample(num(r.elements[0]) * 1000000 + num(r.elements[1]), now, std::chrono::steady_clock::now());
-    }
-    self->arm_probe();
-  });
 }
 
 }  // namespace detail
@@ -557,15 +484,8 @@ void trust_new_server(redis::Client& client) {
       throw Error(errc::invalid_argument,
                   fmt::format("{} is a {}: only a primary can be trusted as new", address, r.elements[5].str));
   };
-  if (!client.options().cluster) return trust(detail::kLockStateKey, {}, client.address());
-  // A cluster: every primary's own record (StateGate::check_cluster).
-  std::promise<std::vector<redis::PrimaryShard>> p;
-  auto f = p.get_future();
-  client.async_primaries([&p](std::error_code ec, const std::string& why, std::vector<redis::PrimaryShard> s) {
-    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, why, error_source::redis)));
-    else p.set_value(std::move(s));
-  });
-  for (const auto& shard : f.get()) trust(detail::lock_state_key_for(shard), shard.address, shard.address);
+  // On a cluster every primary's own record (StateGate::check_cluster).
+  for (const auto& r : admin::lock_state_records(client)) trust(r.key, r.node, r.address);
 }
 
 }  // namespace jobguard

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -111,10 +112,11 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   bool aof_enabled() const noexcept { return aof_enabled_; }
   bool waitaof() const noexcept;
 
-  // Server clock steps (lock/clock_watch.hpp). True when the server's wall
-  // clock can be compared with ours: one server (a cluster's nodes have
-  // clocks of their own). Then a grant by acquire.lua asks for the server's
-  // time, and the gate reads it every `clock_probe` while in use.
+  // Server clock steps (lock/clock_watch.hpp). True when a grant's reply can
+  // carry the server's clock: one server. Then acquire.lua asks for the
+  // server's time. On a cluster every primary's clock is watched on its own
+  // (a node's clock is not its neighbour's) from the checks and the probe,
+  // which reads every primary's TIME every `clock_probe` while in use.
   bool watches_clock() const noexcept;
   // A reading of the server's TIME (µs) taken between `sent` and `received`
   // (the steady clock, never the service's injectable one: a test's frozen
@@ -134,7 +136,9 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   void check_cluster(std::uint64_t sent_mark);
   void on_checked(std::uint64_t sent_mark, std::chrono::steady_clock::time_point sent, bool stepping,
                   std::error_code ec, redis::Reply r);
-  void on_cluster_checked(std::uint64_t sent_mark, std::vector<ShardCheck> shards,
+  // `stepping`: the primary whose record this check writes a step to ("").
+  void on_cluster_checked(std::uint64_t sent_mark, std::chrono::steady_clock::time_point sent,
+                          const std::string& stepping, std::vector<ShardCheck> shards,
                           std::vector<std::pair<std::error_code, redis::Reply>> replies);
   // The check's answer, taken (both deployments): a new ticket, its epoch,
   // and a quarantine when `left` > 0.
@@ -144,7 +148,15 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   const std::string& last_epoch_for(const redis::PrimaryShard& node) const;
   void settle(std::error_code ec, const std::string& detail, std::chrono::milliseconds retry_in);
   std::string refusal(std::chrono::milliseconds left) const;  // quarantine_message for this server
-  void clock_stepped(std::chrono::microseconds step);
+  // `node`: the cluster primary whose clock stepped ("" on one server).
+  void clock_stepped(std::chrono::microseconds step, const std::string& node = {});
+  // A cluster primary's TIME, read between `sent` and `received`.
+  bool node_clock_sample(const std::string& node, std::int64_t server_us, std::chrono::steady_clock::time_point sent,
+                         std::chrono::steady_clock::time_point received);
+  void probe_cluster();
+  // A watch's verdict acted on: a forward step quarantines, a backward one
+  // is told.
+  bool judge(std::chrono::microseconds step, const std::string& node);
   void arm_probe();
   void probe();
   void warn(const std::string& line) const;
@@ -172,6 +184,14 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   std::uint64_t watch_mark_ = 0;
   std::uint64_t clock_gen_ = 0, clock_steps_ = 0;
   std::int64_t pending_step_ms_ = 0;  // found, not yet written to the record
+  std::string pending_step_node_;     // on a cluster: the primary whose record it goes to
+  // A cluster's primaries' watches, by address; a node's samples from one
+  // connection generation (the client's connects when taken).
+  struct NodeWatch {
+    ClockWatch watch;
+    std::uint64_t mark = 0;
+  };
+  std::map<std::string, NodeWatch> node_watch_;
   const std::chrono::milliseconds clock_probe_;
   std::chrono::steady_clock::time_point touched_{};
   bool probing_ = false;

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <charconv>
-#include <future>
 
 #include "jobguard/admin.hpp"
 #include "jobguard/error.hpp"
@@ -35,29 +34,7 @@ const redis::Script& script_trust() {
 constexpr std::size_t kMaxKeysCounted = 1000;
 constexpr std::size_t kSampleKeys = 3;
 
-struct Target {
-  std::string node;     // CallOptions::node ("" on one server)
-  std::string address;  // for messages
-  std::string record;   // its lock-state record's key
-};
-
-std::vector<Target> targets(redis::Client& client) {
-  if (!client.options().cluster) return {Target{"", client.address(), detail::kLockStateKey}};
-  // Every primary's own record, the one StateGate::check_cluster reads.
-  std::promise<std::vector<redis::PrimaryShard>> p;
-  auto f = p.get_future();
-  client.async_primaries([&p](std::error_code ec, const std::string& why, std::vector<redis::PrimaryShard> s) {
-    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, why, error_source::redis)));
-    else p.set_value(std::move(s));
-  });
-  std::vector<Target> out;
-  for (const auto& shard : f.get()) {
-    auto key = detail::lock_state_key_for(shard);
-    if (!key.empty()) out.push_back(Target{shard.address, shard.address, std::move(key)});
-  }
-  if (out.empty()) throw Error(errc::protocol_error, "the cluster's slot map names no primary serving a slot");
-  return out;
-}
+using Target = admin::LockStateRecord;
 
 bool is_lock_state_record(std::string_view key) {
   const std::string_view base = detail::kLockStateKey;
@@ -106,7 +83,7 @@ struct Judged {
 Judged run_script(redis::Client& client, const Target& t, const TrustOptions& o, const std::string& who,
                   const std::string& own_signs, const char* mode) {
   std::vector<std::string> args{o.force ? "1" : "0", who, o.reason, own_signs, mode};
-  const auto r = client.eval(script_trust(), {t.record}, std::move(args), {.node = t.node});
+  const auto r = client.eval(script_trust(), {t.key}, std::move(args), {.node = t.node});
   if (!r.is_array() || r.elements.size() != 9 || !r.elements[4].is_array())
     throw Error(errc::protocol_error, fmt::format("{}: unexpected reply to the lock-state trust script: {}", t.address,
                                                   redis::to_debug_string(r)));
@@ -144,7 +121,7 @@ TrustResult trust_new_server(redis::Client& client, const TrustOptions& opts) {
   (void)KeyBuilder{opts.key_prefix};  // throws, naming what is wrong with the prefix
   const std::string who =
       opts.who.empty() ? fmt::format("{} pid {}", admin::default_who(), ::getpid()) : opts.who;
-  const auto ts = targets(client);
+  const auto ts = admin::lock_state_records(client);
 
   // Every primary judged before any is written: a cluster is trusted whole
   // or not at all (its quarantine is the longest any shard asks for).

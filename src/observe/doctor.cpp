@@ -436,21 +436,37 @@ std::string format_server_ms(std::int64_t ms) {
 // The server clock steps lock clients found and wrote to the lock-state
 // record (docs/lock-safety.md, "Server clock steps"): each expired held
 // locks early and cost a quarantine. `steps` gets the count for the gauges.
+// On a cluster every primary's record counts the steps of its own clock;
+// the last one named is the latest by its own server time.
 CheckResult clock_steps_check(redis::Client& c, std::int64_t& steps) {
-  if (c.options().cluster) return ok("clock_steps", "not read on a cluster (lock clients do not watch its clocks)");
-  const auto r = c.exec(redis::Command{"HMGET", admin::lock_state_key(), "clock_steps", "clock_step_last"});
-  if (!r.is_array() || r.elements.size() != 2) return fail("clock_steps", "unexpected HMGET reply", "see the error");
-  steps = r.elements[0].is_string() ? to_i64(r.elements[0].str) : 0;
+  steps = 0;
+  std::string last, where;
+  std::int64_t last_at = -1;
+  for (const auto& rec : admin::lock_state_records(c)) {
+    redis::CallOptions on;
+    on.node = rec.node;
+    const auto r = c.exec(redis::Command{"HMGET", rec.key, "clock_steps", "clock_step_last"}, on);
+    if (!r.is_array() || r.elements.size() != 2)
+      return fail("clock_steps", rec.address + ": unexpected HMGET reply", "see the error");
+    steps += r.elements[0].is_string() ? to_i64(r.elements[0].str) : 0;
+    // "<ms> <server time ms>"
+    const std::string l = r.elements[1].is_string() ? r.elements[1].str : "";
+    const auto sp = l.find(' ');
+    const std::int64_t at = sp == std::string::npos ? 0 : to_i64(l.substr(sp + 1));
+    if (!l.empty() && at > last_at) {
+      last = l;
+      last_at = at;
+      where = c.options().cluster ? " on " + rec.address : "";
+    }
+  }
   if (steps == 0) return ok("clock_steps", "no step of the server's clock found by lock clients");
-  // "<ms> <server time ms>"
-  const std::string last = r.elements[1].is_string() ? r.elements[1].str : "";
   const auto sp = last.find(' ');
   const std::string size = sp == std::string::npos ? last : last.substr(0, sp);
-  const std::string when = sp == std::string::npos ? std::string("?") : format_server_ms(to_i64(last.substr(sp + 1)));
+  const std::string when = sp == std::string::npos ? std::string("?") : format_server_ms(last_at);
   return warn("clock_steps",
               fmt::format("lock clients found the server's clock stepped forward {} time(s), the last by {} ms at {} "
-                          "(server time)",
-                          steps, size, when),
+                          "(server time){}",
+                          steps, size, when, where),
               "a forward step expires held locks early; each one quarantined the server for max_ttl. Keep the "
               "server's clock slewed, not stepped (chrony makestep off after boot, ntpd -x)");
 }

@@ -45,8 +45,9 @@ std::vector<Range> slots(std::uint16_t port) {
 }  // namespace
 
 namespace {
-std::unique_ptr<EmbeddedRedis> make_node() {
+std::unique_ptr<EmbeddedRedis> make_node(std::vector<std::string> env) {
   EmbeddedRedisOptions o;
+  o.env = std::move(env);
   // The bus defaults to port + 10000, which for an ephemeral port may be
   // out of range or taken: a free one of its own. node-timeout 1 s keeps a
   // failover quick.
@@ -56,9 +57,12 @@ std::unique_ptr<EmbeddedRedis> make_node() {
 }
 }  // namespace
 
-ClusterRedis::ClusterRedis(int primaries, int replicas_each) : primaries_(primaries), replicas_each_(replicas_each) {
-  for (int i = 0; i < primaries * (1 + replicas_each); ++i) nodes_.push_back(make_node());
+ClusterRedis::ClusterRedis(int primaries, int replicas_each, std::vector<std::vector<std::string>> env)
+    : primaries_(primaries), replicas_each_(replicas_each), env_(std::move(env)) {
+  for (int i = 0; i < primaries * (1 + replicas_each); ++i) nodes_.push_back(make_node(env_for(i)));
 }
+
+std::vector<std::string> ClusterRedis::env_for(std::size_t i) const { return i < env_.size() ? env_[i] : std::vector<std::string>{}; }
 
 ClusterRedis::~ClusterRedis() = default;
 
@@ -67,7 +71,8 @@ std::string ClusterRedis::on(std::uint16_t port, const std::string& command) {
 }
 
 void ClusterRedis::start(std::chrono::milliseconds timeout) {
-  for (auto& n : nodes_) {
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    auto& n = nodes_[i];
     // A bus port found free when the node was made may be taken by now (a
     // test running beside us): EmbeddedRedis retries its own port, not the
     // bus's, so a node that will not start is made again with another.
@@ -77,7 +82,7 @@ void ClusterRedis::start(std::chrono::milliseconds timeout) {
         break;
       } catch (const std::exception&) {
         if (attempt == 4) throw;
-        n = make_node();
+        n = make_node(env_for(i));
       }
     }
   }

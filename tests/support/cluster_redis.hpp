@@ -18,7 +18,8 @@ namespace jobguard::test {
 
 class ClusterRedis {
  public:
-  explicit ClusterRedis(int primaries = 3, int replicas_each = 1);
+  // `env[i]`: extra environment of node i (an LD_PRELOAD shim), if given.
+  explicit ClusterRedis(int primaries = 3, int replicas_each = 1, std::vector<std::vector<std::string>> env = {});
   ~ClusterRedis();
   ClusterRedis(const ClusterRedis&) = delete;
   ClusterRedis& operator=(const ClusterRedis&) = delete;
@@ -43,7 +44,9 @@ class ClusterRedis {
   std::string on(std::uint16_t port, const std::string& command);
 
  private:
+  std::vector<std::string> env_for(std::size_t i) const;
   int primaries_, replicas_each_;
+  std::vector<std::vector<std::string>> env_;
   std::vector<std::unique_ptr<EmbeddedRedis>> nodes_;
 };
 

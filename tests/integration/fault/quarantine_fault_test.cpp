@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "jobguard/testing/embedded_redis.hpp"
+#include "support/cluster_redis.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/subprocess.hpp"
 
@@ -324,7 +325,8 @@ class JobRun {
         std::lock_guard<std::mutex> g(mu_);
         attempted_.insert(j);
       }
-      auto r = run_jobguard({"--redis", url_ + "?max_ttl=" + max_ttl_ + "&timeout=500ms&connect_timeout=500ms", "run",
+      const char* join = url_.find('?') == std::string::npos ? "?" : "&";
+      auto r = run_jobguard({"--redis", url_ + join + "max_ttl=" + max_ttl_ + "&timeout=500ms&connect_timeout=500ms", "run",
                              "--key", fmt::format("job:{}", j), "--ttl", ttl_, "--grace", "1s", "--fence", "--", "sh",
                              "-c", kJobScript, "job", std::to_string(j), dir_, effect_seconds_},
                             30s);
@@ -601,6 +603,77 @@ TEST_F(QuarantineFault, ServerClockStepsForwardAreFoundAndNoJobIsDoneTwice) {
           << f.until_ms;
   }
   check("server clock stepped forward", o, steps, nullptr);
+}
+
+// The same on a Redis Cluster of three primaries whose clocks step together
+// (the nodes of one host under one shim): each client watches every
+// primary's clock on its own (a node's clock is not its neighbour's), from
+// the lock-state checks and a probe of every primary while leases are held.
+// A step found on one node is written to that node's own record, which
+// quarantines the cluster for every client.
+TEST_F(QuarantineFault, ServerClockStepsOnAClusterAreFoundAndNoJobIsDoneTwice) {
+  const std::string offset_file = dir_ + "/cluster-clock.offset";
+  write_offset(offset_file, 0);
+  const std::vector<std::string> shim{std::string("LD_PRELOAD=") + JOBGUARD_CLOCK_SHIM,
+                                      "JOBGUARD_CLOCK_OFFSET_FILE=" + offset_file};
+  ClusterRedis cluster(3, 0, {shim, shim, shim});
+  cluster.start();
+  std::vector<std::uint16_t> primaries;
+  for (std::size_t i = 0; i < cluster.size(); ++i) primaries.push_back(cluster.node(i).port());
+  // Every primary's record counts the steps written to it.
+  const auto steps_counted = [&] {
+    int n = 0;
+    for (const auto port : primaries) {
+      redis::ConnectionOptions co;
+      co.host = "127.0.0.1";
+      co.port = port;
+      redis::Client c(co);
+      for (const auto& key : c.exec(redis::Command{"KEYS", "jobguard:epoch*"}).elements) {
+        const auto v = c.exec(redis::Command{"HGET", key.str, "clock_steps"});
+        if (v.is_string()) n += std::stoi(v.str);
+      }
+    }
+    return n;
+  };
+  std::int64_t offset = 0;
+  constexpr std::int64_t kStep = 5000000;  // past the TTL (3 s) and the quarantine (4 s)
+  constexpr int kSteps = 2;
+  std::vector<double> latencies_ms;
+  JobRun run(cluster.url(), dir_ + "/cluster-clock", "0.9", "3s", "4s");
+  int steps = 0, last_job = -1;
+  const auto o = run.run([&](int job) {
+    if (steps >= kSteps || job == last_job) return false;
+    const int counted = steps_counted();
+    offset += kStep;
+    write_offset(offset_file, offset);
+    const auto at = Clock::now();
+    double latency = -1;
+    while (Clock::now() - at < 5s) {
+      if (steps_counted() > counted) {
+        latency = std::chrono::duration<double, std::milli>(Clock::now() - at).count();
+        break;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    latencies_ms.push_back(latency);
+    last_job = job;
+    ++steps;
+    return true;
+  }, kSteps);
+  ASSERT_GE(steps, 1);
+  std::string latencies;
+  int detected = 0;
+  for (const auto l : latencies_ms) {
+    latencies += l < 0 ? " missed" : fmt::format(" {:.0f}", l);
+    if (l >= 0) ++detected;
+  }
+  const auto logged = run.stderr_lines("stepped forward by at least");
+  std::cout << fmt::format("[fault] cluster clock steps of +{} s: {}; found {} of {}, ms from the step to a record:{}; "
+                           "warning lines {}\n",
+                           kStep / 1000000, steps, detected, steps, latencies, logged.size());
+  EXPECT_EQ(detected, steps) << "a step was not found";
+  EXPECT_GE(static_cast<int>(logged.size()), detected) << "a found step was not logged";
+  check("cluster clock stepped forward", o, steps, nullptr);
 }
 
 // A server that starts evicting mid-run: it did not evict when the workers'

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "jobguard/admin.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/observe/doctor.hpp"
@@ -333,6 +334,24 @@ TEST(Doctor, AHealthyClusterWithClusterYesPasses) {
       << dump(rs);
   // Waiters on a cluster use sharded pub/sub: the ACL check sends SPUBLISH.
   EXPECT_EQ(find(rs, "acl").status, CheckStatus::ok) << dump(rs);
+  EXPECT_EQ(find(rs, "clock_steps").status, CheckStatus::ok) << dump(rs);
+  // Each primary's record counts the steps of its own clock: doctor adds
+  // them up and names the node of the latest.
+  const auto records = admin::lock_state_records(c);
+  ASSERT_EQ(records.size(), 3u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    redis::CallOptions on;
+    on.node = records[i].node;
+    c.exec(redis::Command{"HSET", records[i].key, "clock_steps", std::to_string(i + 1), "clock_step_last",
+                          fmt::format("{} {}", 4000 + i, 1700000000000 + i * 1000)},
+           on);
+  }
+  const auto stepped = check_redis(c);
+  EXPECT_EQ(find(stepped, "clock_steps").status, CheckStatus::warn) << dump(stepped);
+  EXPECT_NE(find(stepped, "clock_steps").detail.find("stepped forward 3 time(s), the last by 4001 ms at "
+                                                     "2023-11-14T22:13:21Z (server time) on " + records[1].address),
+            std::string::npos)
+      << dump(stepped);
   for (std::size_t i = 0; i < cluster.size(); ++i)
     ASSERT_EQ(cluster.on(cluster.node(i).port(), "ACL SETUSER nospub on >pw ~* &* +@all -spublish"), "OK");
   auto u = o;
