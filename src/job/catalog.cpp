@@ -45,67 +45,54 @@ std::optional<bool> boolean(const YAML::Node& n) {
   return std::nullopt;
 }
 
-// One class entry: every finding it has, and the class when it has none.
-std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index, Collector& c) {
-  const int line = line_of(node);
-  if (!node.IsMap()) {
-    c.error(line, "", fmt::format("classes[{}] is not a mapping of fields", index));
-    return std::nullopt;
-  }
-  std::string name = scalar(node["name"]).value_or("");
-  const std::string label = name.empty() ? fmt::format("#{}", index + 1) : name;
-  const std::size_t before = c.out.size();
-  std::set<std::string> present;
-  for (const auto& kv : node) {
-    const auto k = kv.first.Scalar();
-    if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields))
-      c.error(line_of(kv.first), label,
-              fmt::format("unknown field '{}' (fields: name, key, owner, protects, consequence, ttl, renewal, "
-                          "hard_timeout, fencing, on_redis_down, fallback)", k));
-    present.insert(k);
-  }
-  for (const char* f : kFields)
-    if (!present.count(f)) c.error(line, label, fmt::format("missing field '{}'", f));
+// The fields of one class entry as they are read: each reader records a
+// finding for a value it cannot take and leaves the class's default.
+struct EntryFields {
+  const YAML::Node& node;
+  const std::string& label;
+  Collector& c;
+  std::set<std::string> present{};
 
-  CatalogClass cc;
-  cc.line = line;
-  LockClass& lc = cc.lock_class;
-  lc.name = name;
-  auto text = [&](const char* field, std::string& into) {
+  // Unknown fields and missing ones, as findings; `present` filled.
+  void check(int line) {
+    for (const auto& kv : node) {
+      const auto k = kv.first.Scalar();
+      if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields))
+        c.error(line_of(kv.first), label,
+                fmt::format("unknown field '{}' (fields: name, key, owner, protects, consequence, ttl, renewal, "
+                            "hard_timeout, fencing, on_redis_down, fallback)", k));
+      present.insert(k);
+    }
+    for (const char* f : kFields)
+      if (!present.count(f)) c.error(line, label, fmt::format("missing field '{}'", f));
+  }
+
+  void text(const char* field, std::string& into) {
     if (!present.count(field)) return;
     auto v = scalar(node[field]);
     if (!v || v->empty()) c.error(line_of(node[field]), label, fmt::format("'{}' must be a non-empty string", field));
     else into = *v;
-  };
-  text("key", lc.key_pattern);
-  text("owner", lc.owner);
-  text("protects", lc.protects);
-  text("fallback", cc.fallback);
-  if (present.count("consequence")) {
-    auto v = scalar(node["consequence"]);
-    auto parsed = v ? parse_consequence(*v) : std::nullopt;
-    if (!parsed)
-      c.error(line_of(node["consequence"]), label,
-              fmt::format("consequence \"{}\": expected low, moderate or high", v.value_or("")));
-    else lc.consequence = *parsed;
   }
-  if (present.count("on_redis_down")) {
-    auto v = scalar(node["on_redis_down"]);
-    auto parsed = v ? parse_redis_down_policy(*v) : std::nullopt;
+
+  // A value `parse` names; `expected` lists the names it takes.
+  template <class T, class Parse>
+  void choice(const char* field, Parse parse, std::string_view expected, T& into) {
+    if (!present.count(field)) return;
+    auto v = scalar(node[field]);
+    auto parsed = v ? parse(*v) : std::nullopt;
     if (!parsed)
-      c.error(line_of(node["on_redis_down"]), label,
-              fmt::format("on_redis_down \"{}\": expected fail-closed or fail-open", v.value_or("")));
-    else lc.on_redis_down = *parsed;
+      c.error(line_of(node[field]), label, fmt::format("{} \"{}\": expected {}", field, v.value_or(""), expected));
+    else into = *parsed;
   }
-  auto flag = [&](const char* field, bool& into) {
+
+  void flag(const char* field, bool& into) {
     if (!present.count(field)) return;
     auto v = boolean(node[field]);
     if (!v) c.error(line_of(node[field]), label, fmt::format("'{}' must be true or false", field));
     else into = *v;
-  };
-  flag("renewal", lc.long_running);
-  flag("fencing", lc.fenced);
-  auto duration = [&](const char* field, milliseconds& into, bool none_ok) {
+  }
+
+  void duration(const char* field, milliseconds& into, bool none_ok) {
     if (!present.count(field)) return;
     auto v = scalar(node[field]);
     if (v && none_ok && (*v == "none" || *v == "0")) {
@@ -118,26 +105,58 @@ std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index
     } catch (const Error& e) {
       c.error(line_of(node[field]), label, e.what());
     }
-  };
-  duration("ttl", lc.ttl, false);
-  duration("hard_timeout", lc.hard_timeout, true);
-  if (c.out.size() != before) return std::nullopt;
+  }
+};
 
-  // The decision matrix: LockClass::validate() is the one place it lives.
+// The decision matrix a class that read cleanly must also pass: a finding
+// when it does not.
+bool matrix_allows(const LockClass& lc, int line, const std::string& label, Collector& c) {
+  // LockClass::validate() is the one place the matrix lives.
   try {
     lc.validate();
   } catch (const Error& e) {
     std::string msg = e.what();
-    const std::string head = fmt::format("lock class '{}': ", name);
+    const std::string head = fmt::format("lock class '{}': ", lc.name);
     if (msg.rfind(head, 0) == 0) msg.erase(0, head.size());
     c.error(line, label, msg);
-    return std::nullopt;
+    return false;
   }
   // "high: PostgreSQL advisory lock + completion record + fencing".
   if (lc.consequence == Consequence::high && !lc.fenced) {
     c.error(line, label, "consequence high needs fencing: true (decision matrix: a high class is fenced)");
+    return false;
+  }
+  return true;
+}
+
+// One class entry: every finding it has, and the class when it has none.
+std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index, Collector& c) {
+  const int line = line_of(node);
+  if (!node.IsMap()) {
+    c.error(line, "", fmt::format("classes[{}] is not a mapping of fields", index));
     return std::nullopt;
   }
+  std::string name = scalar(node["name"]).value_or("");
+  const std::string label = name.empty() ? fmt::format("#{}", index + 1) : name;
+  const std::size_t before = c.out.size();
+  EntryFields fields{node, label, c};
+  fields.check(line);
+
+  CatalogClass cc;
+  cc.line = line;
+  LockClass& lc = cc.lock_class;
+  lc.name = name;
+  fields.text("key", lc.key_pattern);
+  fields.text("owner", lc.owner);
+  fields.text("protects", lc.protects);
+  fields.text("fallback", cc.fallback);
+  fields.choice("consequence", parse_consequence, "low, moderate or high", lc.consequence);
+  fields.choice("on_redis_down", parse_redis_down_policy, "fail-closed or fail-open", lc.on_redis_down);
+  fields.flag("renewal", lc.long_running);
+  fields.flag("fencing", lc.fenced);
+  fields.duration("ttl", lc.ttl, false);
+  fields.duration("hard_timeout", lc.hard_timeout, true);
+  if (c.out.size() != before || !matrix_allows(lc, line, label, c)) return std::nullopt;
   return cc;
 }
 

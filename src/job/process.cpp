@@ -248,9 +248,29 @@ struct Process::Impl : std::enable_shared_from_this<Process::Impl> {
   }
 };
 
-Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit, StopHandler on_stop)
-    : impl_(std::make_shared<Impl>(ex)) {
-  if (options.argv.empty() || options.argv[0].empty()) throw Error(errc::invalid_argument, "no command to run");
+namespace {
+
+// std::system_error appends the errno's text.
+[[noreturn]] void spawn_failed(const std::string& cmd, int err, std::string_view what) {
+  throw std::system_error(err, std::generic_category(),
+                          what.empty() ? fmt::format("cannot run \"{}\"", cmd)
+                                       : fmt::format("cannot run \"{}\": {}", cmd, what));
+}
+
+// Asio installs its handler without SA_RESTART: every stop, continue and
+// exit of a child would then fail a blocking call on another thread (a
+// write to stderr) with EINTR. Same handler, restarting calls.
+void restart_calls_on_sigchld() {
+  struct sigaction sa {};
+  if (::sigaction(SIGCHLD, nullptr, &sa) == 0 && !(sa.sa_flags & SA_RESTART)) {
+    sa.sa_flags |= SA_RESTART;
+    ::sigaction(SIGCHLD, &sa, nullptr);
+  }
+}
+
+// CMD started in its own process group (taking the terminal first with
+// --foreground): its pid.
+pid_t spawn(const ProcessOptions& options) {
   std::vector<char*> argv;
   for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -258,40 +278,6 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  auto fail = [&](int err, std::string_view what) {
-    // std::system_error appends the errno's text.
-    throw std::system_error(err, std::generic_category(),
-                            what.empty() ? fmt::format("cannot run \"{}\"", options.argv[0])
-                                         : fmt::format("cannot run \"{}\": {}", options.argv[0], what));
-  };
-
-  auto& s = *impl_;
-  s.on_exit = std::move(on_exit);
-  s.on_stop = std::move(on_stop);
-  // Installed before CMD exists so that no SIGCHLD of ours is missed.
-  s.sigchld.add(SIGCHLD);
-  // Asio installs its handler without SA_RESTART: every stop, continue and
-  // exit of a child would then fail a blocking call on another thread (a
-  // write to stderr) with EINTR. Same handler, restarting calls.
-  struct sigaction sa {};
-  if (::sigaction(SIGCHLD, nullptr, &sa) == 0 && !(sa.sa_flags & SA_RESTART)) {
-    sa.sa_flags |= SA_RESTART;
-    ::sigaction(SIGCHLD, &sa, nullptr);
-  }
-
-  pid_t before = -1;
-  if (options.foreground) {
-    before = ::tcgetpgrp(STDIN_FILENO);
-    if (before < 0) fail(errno, "--foreground: standard input is not our terminal");
-  }
-  // The guardian first: its fork must not widen the moment between CMD's
-  // start and its listing (below), in which a jobguard killed leaves CMD
-  // unguarded.
-  try {
-    detail::ensure_guardian();
-  } catch (const std::system_error& e) {
-    fail(e.code().value(), "starting the process-group guardian");
-  }
   SpawnFiles files(options.foreground);
   SpawnAttrs attrs(0);
   pid_t pid = -1;
@@ -302,9 +288,39 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
   if (rc != 0) {
     // ENOTTY/EPERM from the terminal hand-over come back as the spawn's error.
     if (options.foreground && (rc == ENOTTY || rc == EPERM || rc == EINVAL))
-      fail(rc, "--foreground: standard input is not our terminal");
-    fail(rc, "");
+      spawn_failed(options.argv[0], rc, "--foreground: standard input is not our terminal");
+    spawn_failed(options.argv[0], rc, "");
   }
+  return pid;
+}
+
+}  // namespace
+
+Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHandler on_exit, StopHandler on_stop)
+    : impl_(std::make_shared<Impl>(ex)) {
+  if (options.argv.empty() || options.argv[0].empty()) throw Error(errc::invalid_argument, "no command to run");
+  const std::string& cmd = options.argv[0];
+  auto& s = *impl_;
+  s.on_exit = std::move(on_exit);
+  s.on_stop = std::move(on_stop);
+  // Installed before CMD exists so that no SIGCHLD of ours is missed.
+  s.sigchld.add(SIGCHLD);
+  restart_calls_on_sigchld();
+
+  pid_t before = -1;
+  if (options.foreground) {
+    before = ::tcgetpgrp(STDIN_FILENO);
+    if (before < 0) spawn_failed(cmd, errno, "--foreground: standard input is not our terminal");
+  }
+  // The guardian first: its fork must not widen the moment between CMD's
+  // start and its listing (below), in which a jobguard killed leaves CMD
+  // unguarded.
+  try {
+    detail::ensure_guardian();
+  } catch (const std::system_error& e) {
+    spawn_failed(cmd, e.code().value(), "starting the process-group guardian");
+  }
+  const pid_t pid = spawn(options);
   s.pid = pid;
   if (options.foreground) s.restore_pgrp = before;
   // The window this leaves: a jobguard killed between the spawn's return and
@@ -317,7 +333,7 @@ Process::Process(asio::any_io_executor ex, const ProcessOptions& options, ExitHa
     ::kill(-pid, SIGKILL);
     reap_blocking(pid);
     s.group_ended = s.reaped = s.reported = true;
-    fail(e.code().value(), "starting the process-group guardian");
+    spawn_failed(cmd, e.code().value(), "starting the process-group guardian");
   }
 
   if (const int fd = open_pidfd(pid); fd >= 0) {
