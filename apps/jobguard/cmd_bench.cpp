@@ -302,6 +302,13 @@ job::RateLimit parse_bench_rate(const std::string& text) {
   }
 }
 
+// --rate's usage errors, before anything connects.
+void check_rate(const BenchArgs& a) {
+  if (a.rate.empty()) return;
+  if (a.jobs <= 0 || a.unique) throw Error(errc::invalid_argument, "--rate goes with --jobs M, without --unique");
+  parse_bench_rate(a.rate);
+}
+
 int run_rate(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
   auto j = bench::run_rate(opts, {.jobs = a.jobs, .concurrency = a.concurrency, .limit = parse_bench_rate(a.rate),
                                   .window_s = a.seconds_given ? a.seconds : 10.0});
@@ -339,9 +346,6 @@ int run_bench(const Globals& g, const BenchArgs& a) {
     throw Error(errc::invalid_argument, "--permits takes none of --only, --mode, --connections, --fair, --hold");
   if (a.jobs < 0 || a.jobs > 10000000) throw Error(errc::invalid_argument, "--jobs must be 1..10000000");
   if (a.unique && a.jobs == 0) throw Error(errc::invalid_argument, "--unique goes with --jobs M");
-  if (!a.rate.empty() && (a.jobs == 0 || a.unique))
-    throw Error(errc::invalid_argument, "--rate goes with --jobs M, without --unique");
-  if (!a.rate.empty()) parse_bench_rate(a.rate);
   if (a.leases < 0 || a.leases > 10000000) throw Error(errc::invalid_argument, "--leases must be 1..10000000");
   for (int c : a.concurrency)
     if (c < 1 || c > 4096) throw Error(errc::invalid_argument, fmt::format("--concurrency {}: must be 1..4096", c));
@@ -520,6 +524,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(sub, [&g, args, workers, secs] {
     args->workers_given = workers->count() > 0;
     args->seconds_given = secs->count() > 0;
+    check_rate(*args);
     return run_bench(g, *args);
   });
 }
