@@ -481,7 +481,9 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   auto* sub = root.add_subcommand("bench", "Measure acquire+release throughput against the raw commands");
   sub->footer(exit_status_help("Exit status: 0 measured."));
   auto* workers = sub->add_option("--workers", args->workers, "Concurrent callers (--contention: default 8)")->capture_default_str();
-  auto* secs = sub->add_option("--seconds", args->seconds, "Seconds per phase (--contention: default 5)")->capture_default_str();
+  auto* secs = sub->add_option("--seconds", args->seconds,
+                               "Seconds per phase (--contention: default 5; --jobs --rate: the pace run, default 10)")
+                   ->capture_default_str();
   sub->add_option("--mode", args->mode, "coro: coroutines on the event loop; threads: blocking threads")
       ->check(CLI::IsMember({"coro", "threads"}))
       ->capture_default_str();
