@@ -197,7 +197,7 @@ TEST_F(BenchCli, JobsUniqueAcksEveryJobAndLeavesNoUniqueLock) {
 // round trip after the limit let it go). Bad spellings are usage errors.
 TEST_F(BenchCli, JobsRateAcksEveryJobAndKeepsThePace) {
   auto r = run_jobguard(
-      {"--redis", url(), "--json", "bench", "--jobs", "200", "--concurrency", "8", "--rate", "20/s", "--seconds", "1"},
+      {"--redis", url(), "--json", "bench", "--jobs", "100", "--concurrency", "8", "--rate", "20/s", "--seconds", "1"},
       120s);
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out, nullptr, false);
@@ -206,7 +206,7 @@ TEST_F(BenchCli, JobsRateAcksEveryJobAndKeepsThePace) {
   const auto& o = j["overhead"][0];
   EXPECT_EQ(o["concurrency"].get<int>(), 8);
   for (const char* kind : {"unlimited", "limited", "limited_per_key"}) {
-    EXPECT_EQ(o[kind]["jobs"].get<int>(), 400) << kind << ": two runs of 200";
+    EXPECT_EQ(o[kind]["jobs"].get<int>(), 200) << kind << ": two runs of 100";
     EXPECT_EQ(o[kind]["errors"].get<std::int64_t>(), 0) << kind;
     EXPECT_GT(o[kind]["jobs_per_s"].get<double>(), 0) << kind;
   }
