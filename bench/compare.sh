@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/compare.sh [--seconds S] [--workers N] [--rounds R] [--connections "1 2"] [--peers]
-# bench/compare.sh --jobs M [--concurrency 1,64] [--rounds R] [--unique]
+# bench/compare.sh --jobs M [--concurrency 1,64] [--rounds R] [--unique | --rate N/PERIOD [--seconds W]]
 # One sitting, one private redis-server pinned to core 0, every client pinned to
 # core 1, measured back to back:
 #   1. redis-benchmark -c N -P 1 SET (the single-client-core wall),
@@ -18,13 +18,20 @@
 # pair's ratio moves by half either way within minutes (docs/bench.md).
 # With --unique: every job enqueued unique on both sides (jobguard's
 # until-executed unique jobs, BullMQ's deduplication ids), one id per job.
+# With --rate N/PERIOD: the rate limiters instead (jobguard bench --jobs
+# --rate: the stream worker's GCRA limit; bullmq-bench.js --rate: the
+# Worker's limiter). Each side drains M jobs unlimited and under a limit far
+# above what it reaches (the limiter's own cost), then a backlog under N per
+# PERIOD over the whole periods in W seconds (default 10): the starts' rate
+# against the limit, and the most starts in any one period and any tenth.
+# The 1-minute load average before each round is in the output.
 # Prints one JSON object with every figure and the ratios docs/bench.md quotes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-seconds=3 workers=64 peers=0 rounds=3 rounds_set=0 conns="1 2" jobs=0 concurrency=1,64 unique=()
+seconds=3 seconds_set=0 workers=64 peers=0 rounds=3 rounds_set=0 conns="1 2" jobs=0 concurrency=1,64 unique=() rate=
 while [ $# -gt 0 ]; do
   case $1 in
-    --seconds) seconds=$2; shift 2 ;;
+    --seconds) seconds=$2; seconds_set=1; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --rounds) rounds=$2; rounds_set=1; shift 2 ;;
     --connections) conns=$2; shift 2 ;;
@@ -32,9 +39,13 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2; shift 2 ;;
     --concurrency) concurrency=$2; shift 2 ;;
     --unique) unique=(--unique); shift ;;
+    --rate) rate=$2; shift 2 ;;
     *) echo "compare.sh: unknown option $1" >&2; exit 64 ;;
   esac
 done
+if [ -n "$rate" ] && { [ "$jobs" -le 0 ] || [ ${#unique[@]} -gt 0 ]; }; then
+  echo "compare.sh: --rate goes with --jobs M, without --unique" >&2; exit 64
+fi
 jg=$root/build/apps/jobguard/jobguard
 [ -x "$jg" ] || { echo "compare.sh: build first (scripts/build.sh)" >&2; exit 69; }
 dir=$(mktemp -d)
@@ -57,6 +68,22 @@ if [ "$jobs" -gt 0 ]; then
   bash "$root/bench/peers/install.sh" >/dev/null
   [ "$rounds_set" = 1 ] || rounds=1
   pairs=()
+  if [ -n "$rate" ]; then
+    window=''
+    [ "$seconds_set" = 0 ] || window=$seconds
+    for _ in $(seq "$rounds"); do
+      load=$(cut -d' ' -f1 /proc/loadavg)
+      jg_rate=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency" --rate "$rate" \
+                ${window:+--seconds "$window"})
+      fresh
+      bull=$(cd "$root/bench/peers" && taskset -c 1 node bullmq-bench.js --redis "$url" --jobs "$jobs" \
+             --concurrency "$concurrency" --rate "$rate" ${window:+--window "$window"} --json)
+      fresh
+      pairs+=("$load" "$jg_rate" "$bull")
+    done
+    python3 "$root/bench/rate-summary.py" "${pairs[@]}"
+    exit 0
+  fi
   for _ in $(seq "$rounds"); do
     jg_jobs=$(taskset -c 1 "$jg" --redis "$url" --json bench --jobs "$jobs" --concurrency "$concurrency" "${unique[@]}")
     fresh

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "bench_ops.hpp"
+#include "bench_rate.hpp"
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
@@ -50,6 +51,7 @@ struct BenchArgs {
   bool no_fleet = false;
   int jobs = 0;                      // --jobs M: the job path instead
   bool unique = false;               // --jobs --unique: guarded jobs enqueued unique
+  std::string rate;                  // --jobs --rate N/PERIOD: the rate limiter's cost and pace
   std::vector<int> concurrency{1, 64};
   int leases = 0;                    // --leases N: the lease scheduler instead
   int permits = 0;                   // --permits N: one semaphore's acquire+release instead
@@ -292,6 +294,30 @@ int run_jobs_or_leases(const Globals& g, const BenchArgs& a, const redis::Connec
   return exit_code::ok;
 }
 
+job::RateLimit parse_bench_rate(const std::string& text) {
+  try {
+    return job::parse_rate(text);
+  } catch (const Error& e) {
+    throw Error(errc::invalid_argument, fmt::format("--rate: {}", e.detail()));
+  }
+}
+
+// --rate's usage errors, before anything connects.
+void check_rate(const BenchArgs& a) {
+  if (a.rate.empty()) return;
+  if (a.jobs <= 0 || a.unique) throw Error(errc::invalid_argument, "--rate goes with --jobs M, without --unique");
+  parse_bench_rate(a.rate);
+}
+
+int run_rate(const Globals& g, const BenchArgs& a, const redis::ConnectionOptions& opts) {
+  auto j = bench::run_rate(opts, {.jobs = a.jobs, .concurrency = a.concurrency, .limit = parse_bench_rate(a.rate),
+                                  .window_s = a.seconds_given ? a.seconds : 10.0});
+  j["rate"] = a.rate;
+  j["redis"] = redis::to_display_url(opts);
+  std::cout << (g.json ? j.dump() + "\n" : bench::rate_text(j));
+  return exit_code::ok;
+}
+
 // A server in the lost-lock-state quarantine refuses every grant for up to
 // max_ttl: a benchmark would measure refusals (or, --jobs, crawl). One try
 // first, and the quarantine's own one-line message (which names `server
@@ -349,6 +375,7 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   if (a.contention) return run_contention(g, a, opts);
   if (a.permits > 0) return run_permits(g, a, opts);
   if (a.shared) return run_shared(g, a, opts);
+  if (!a.rate.empty()) return run_rate(g, a, opts);
   if (a.jobs > 0 || a.leases > 0) return run_jobs_or_leases(g, a, opts);
 
   bench::Config cfg{a.workers, duration<double>(a.seconds), a.mode == "threads", !a.no_fleet};
@@ -454,7 +481,9 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   auto* sub = root.add_subcommand("bench", "Measure acquire+release throughput against the raw commands");
   sub->footer(exit_status_help("Exit status: 0 measured."));
   auto* workers = sub->add_option("--workers", args->workers, "Concurrent callers (--contention: default 8)")->capture_default_str();
-  auto* secs = sub->add_option("--seconds", args->seconds, "Seconds per phase (--contention: default 5)")->capture_default_str();
+  auto* secs = sub->add_option("--seconds", args->seconds,
+                               "Seconds per phase (--contention: default 5; --jobs --rate: the pace run, default 10)")
+                   ->capture_default_str();
   sub->add_option("--mode", args->mode, "coro: coroutines on the event loop; threads: blocking threads")
       ->check(CLI::IsMember({"coro", "threads"}))
       ->capture_default_str();
@@ -477,6 +506,10 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
                   "XREADGROUP + XACK");
   sub->add_flag("--unique", args->unique,
                 "--jobs: guarded jobs enqueued unique (until-executed on the id), their unique locks released at the ack");
+  sub->add_option("--rate", args->rate,
+                  "--jobs: the rate limiter instead: M jobs unlimited, under 1000000/s and under 1000000/s per key "
+                  "(16 keys) at each --concurrency; then, at the last, a backlog under [FIELD=]N/PERIOD for the "
+                  "whole periods in --seconds (default 10): starts/s and the most in one period");
   sub->add_option("--concurrency", args->concurrency, "--jobs: jobs in flight, one run per value")
       ->delimiter(',')
       ->capture_default_str();
@@ -493,6 +526,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(sub, [&g, args, workers, secs] {
     args->workers_given = workers->count() > 0;
     args->seconds_given = secs->count() > 0;
+    check_rate(*args);
     return run_bench(g, *args);
   });
 }

@@ -19,9 +19,11 @@
 // period / N. Why this one: one key and one short script per start (a
 // sliding-window log keeps an entry per job), the server's clock (TIME) for
 // every worker, and an even spacing with no burst, so a downstream provider
-// sees at most N in any window of one period, not 2N across a window
-// boundary as a fixed-window counter allows. What it costs: a limited job
-// waits in its worker slot (a timer, no polling faster than its turn).
+// sees at most N + 1 in any window of one period (a start late by less than
+// one spacing keeps the schedule, and the next may follow it at once), not
+// 2N across a window boundary as a fixed-window counter allows. What it
+// costs: a limited job waits in its worker slot (a timer, no polling faster
+// than its turn), and a start later than one spacing loses that time.
 #pragma once
 
 #include <chrono>

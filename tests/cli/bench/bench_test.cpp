@@ -191,6 +191,46 @@ TEST_F(BenchCli, JobsUniqueAcksEveryJobAndLeavesNoUniqueLock) {
   EXPECT_NE(bad.err.find("--unique goes with --jobs M"), std::string::npos) << bad.err;
 }
 
+// --rate: the limiter's cost runs (each kind twice) ack every job, and the
+// pace run starts the whole periods' jobs, never more than the limit in one
+// period (plus slack: a start is taken when the effect begins, a claim's
+// round trip after the limit let it go). Bad spellings are usage errors.
+TEST_F(BenchCli, JobsRateAcksEveryJobAndKeepsThePace) {
+  auto r = run_jobguard(
+      {"--redis", url(), "--json", "bench", "--jobs", "100", "--concurrency", "8", "--rate", "20/s", "--seconds", "1"},
+      120s);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["overhead"].size(), 1u) << j.dump();
+  const auto& o = j["overhead"][0];
+  EXPECT_EQ(o["concurrency"].get<int>(), 8);
+  for (const char* kind : {"unlimited", "limited", "limited_per_key"}) {
+    EXPECT_EQ(o[kind]["jobs"].get<int>(), 200) << kind << ": two runs of 100";
+    EXPECT_EQ(o[kind]["errors"].get<std::int64_t>(), 0) << kind;
+    EXPECT_GT(o[kind]["jobs_per_s"].get<double>(), 0) << kind;
+  }
+  EXPECT_EQ(o["unlimited"]["rate_limited"].get<std::int64_t>(), 0);
+  const auto& a = j["accuracy"];
+  EXPECT_EQ(a["starts"].get<int>(), 21) << "20/s over one whole period: 20 x 1 + 1";
+  EXPECT_EQ(a["run"]["jobs"].get<int>(), 21);
+  EXPECT_EQ(a["run"]["errors"].get<std::int64_t>(), 0);
+  EXPECT_GT(a["run"]["rate_limited"].get<std::int64_t>(), 0) << "a backlog under 20/s never waited";
+  EXPECT_LE(a["peak_in_period"].get<int>(), 24) << a.dump();
+  EXPECT_GT(a["achieved_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["rate"].get<std::string>(), "20/s");
+  for (const auto& [flags, words] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--rate", "5/s"}, "--rate goes with --jobs M"},
+           {{"--jobs", "10", "--unique", "--rate", "5/s"}, "--rate goes with --jobs M, without --unique"},
+           {{"--jobs", "10", "--rate", "0/s"}, "--rate: rate \"0/s\": the count must be at least 1"}}) {
+    std::vector<std::string> args{"--redis", "redis://127.0.0.1:1/0", "bench"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const auto bad = run_jobguard(args, 30s);
+    EXPECT_EQ(bad.status, 64) << bad.err;
+    EXPECT_NE(bad.err.find(words), std::string::npos) << bad.err;
+  }
+}
+
 TEST_F(BenchCli, LeasesHoldsThemAllRenewedAndReportsCpu) {
   // TTL 30 s: renewals every ~10 s, so a 1 s hold may renew none; what must
   // hold is that none is lost and the numbers are there.

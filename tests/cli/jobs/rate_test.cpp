@@ -1,5 +1,6 @@
 // `jobguard jobs work --rate` at the binary against a real redis-server:
-// four worker processes share one budget, one of them is restarted mid-run,
+// the usage errors (64, before anything connects), and four worker
+// processes that share one budget, one of them is restarted mid-run,
 // and every job start is logged by its CMD. The limit is an upper bound and
 // is checked as one (never more than the rate in any window of one period,
 // with a start or two of slack for process start-up jitter); how close the
@@ -26,6 +27,28 @@ using namespace std::chrono_literals;
 using Args = std::vector<std::string>;
 
 class RateCli : public CliTest {};
+
+TEST_F(RateCli, UsageErrorsAre64NamingTheFlagBeforeAnythingConnects) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"x=0/s", "--rate: rate \"x=0/s\": the count must be at least 1"},
+      {"0/min", "rate \"0/min\": the count must be at least 1"},
+      {"x=-3/s", "the count must be at least 1"},
+      {"x=5/0s", "rate \"x=5/0s\": the period must be more than 0"},
+      {"x=5", "expected [FIELD=]N/PERIOD"},
+      {"=5/s", "rate \"=5/s\": empty field name"},
+      {"x=five/s", "\"five\" is not a whole number"},
+      {"x=2000000/s", "more than one job per microsecond"},
+  };
+  for (const auto& [rate, words] : cases) {
+    // A server nobody listens on: the flag is refused before a connect.
+    const auto r = Subprocess({jobguard_binary(), "--redis", "redis://127.0.0.1:1/0", "jobs", "work", "--stream",
+                               key("q"), "--class", "c", "--rate", rate, "--", "true"})
+                       .wait_or_kill(30s);
+    EXPECT_EQ(r.status, 64) << rate << "\n" << r.err;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  }
+}
 
 TEST_F(RateCli, FourWorkersOneRestartedKeepTheSharedRateAndLoseNoJob) {
   // JOBGUARD_RATE_FAULT_SECONDS=60 for the long run; the suite's is short.
