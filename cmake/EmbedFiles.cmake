@@ -4,6 +4,31 @@
 # ship inside the library. Generated at configure time (the library target is
 # defined in another directory, where a custom command's output would not be
 # visible); editing a script re-runs CMake through CMAKE_CONFIGURE_DEPENDS.
+#
+# A line `--#include <path under src/>` in a file is replaced by that file's
+# text: a rule several scripts share (src/redis/scripts/server_time.lua, the
+# server's clock; src/lock/scripts/fence_floor.lua, the fence rule) is written
+# once, and every script still ships, and is sent by SHA, as one text. One
+# level: an included piece includes nothing.
+function(_jobguard_lua_includes file content_var)
+  set(content "${${content_var}}")
+  string(REGEX MATCHALL "--#include [^\n]*" lines "${content}")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^--#include +" "" rel "${line}")
+    set(piece_file "${PROJECT_SOURCE_DIR}/src/${rel}")
+    if(NOT EXISTS "${piece_file}")
+      message(FATAL_ERROR "${file}: `${line}`: no such file ${piece_file}")
+    endif()
+    file(READ "${piece_file}" piece)
+    if(piece MATCHES "--#include ")
+      message(FATAL_ERROR "${piece_file}: an included piece may not include another (from ${file})")
+    endif()
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${piece_file}")
+    string(REPLACE "${line}\n" "${piece}" content "${content}")
+  endforeach()
+  set(${content_var} "${content}" PARENT_SCOPE)
+endfunction()
+
 function(jobguard_embed_files out_var)
   cmake_parse_arguments(EMB "" "NAMESPACE;NAME" "FILES" ${ARGN})
   set(out "${CMAKE_CURRENT_BINARY_DIR}/${EMB_NAME}.cpp")
@@ -13,6 +38,9 @@ function(jobguard_embed_files out_var)
     get_filename_component(stem "${f}" NAME_WE)
     file(READ "${abs}" content)
     set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${abs}")
+    if(abs MATCHES "\\.lua$")
+      _jobguard_lua_includes("${abs}" content)
+    endif()
     # A raw string with a delimiter no script uses.
     string(APPEND body "extern const std::string_view ${stem};\nconst std::string_view ${stem} = R\"jgLUA(${content})jgLUA\";\n")
   endforeach()

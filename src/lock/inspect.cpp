@@ -32,7 +32,7 @@ std::optional<std::int64_t> to_int(const std::string& s) {
 }  // namespace
 
 LockInfo decode_inspect(std::string resource, std::string key, const redis::Reply& r) {
-  if (!r.is_array() || r.elements.size() != 6)
+  if (!r.is_array() || r.elements.size() != 5 || !r.elements[4].is_integer())
     throw Error(errc::protocol_error, fmt::format("inspect {}: unexpected reply {}", key, redis::to_debug_string(r)));
   LockInfo info;
   info.resource = std::move(resource);
@@ -44,8 +44,7 @@ LockInfo decode_inspect(std::string resource, std::string key, const redis::Repl
     info.holder = token_owner(e[0].str);
     info.ttl_left = std::chrono::milliseconds(e[1].integer);
   }
-  const auto secs = to_int(e[4].str).value_or(0), micros = to_int(e[5].str).value_or(0);
-  const std::int64_t now_us = secs * 1000000 + micros;
+  const std::int64_t now_us = e[4].integer;
   info.server_time_ms = now_us / 1000;
   if (e[2].is_string()) {
     info.fence = to_int(e[2].str);

@@ -15,6 +15,7 @@
 
 #include "jobguard/redis/client.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/quorum_internal.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -106,7 +107,9 @@ std::string describe_failure(const std::string& address, const Outcome& o, std::
 
 ms default_instance_timeout(ms ttl) { return std::max(ms(1), std::min(ttl / 10, ms(250))); }
 
-// Compare-and-delete everywhere; `done` gets how many instances still had our token.
+}  // namespace
+
+namespace detail {
 void release_all(const QuorumLockService& svc, const std::string& key, const std::string& channel,
                  const std::string& token, ms timeout, std::function<void(std::size_t)> done) {
   fan_out(
@@ -122,13 +125,6 @@ void release_all(const QuorumLockService& svc, const std::string& key, const std
         if (done) done(n);
       });
 }
-
-struct ExtendTally {
-  std::size_t ok = 0;      // extended
-  std::size_t gone = 0;    // answered: the token is not ours there
-  std::size_t failed = 0;  // no answer (error, deadline)
-  std::string failures;
-};
 
 void extend_all(const QuorumLockService& svc, const std::string& key, const std::string& token, ms ttl,
                 ms timeout, std::function<void(ExtendTally)> done) {
@@ -156,8 +152,11 @@ void extend_all(const QuorumLockService& svc, const std::string& key, const std:
         done(std::move(t));
       });
 }
+}  // namespace detail
 
-}  // namespace
+using detail::ExtendTally;
+using detail::extend_all;
+using detail::release_all;
 
 std::chrono::milliseconds quorum_drift(std::chrono::milliseconds ttl, double clock_drift_factor) noexcept {
   // Rounded up: the allowance must never come out smaller than the factor says.
@@ -167,182 +166,181 @@ std::chrono::milliseconds quorum_drift(std::chrono::milliseconds ttl, double clo
 
 // --- the acquire ---------------------------------------------------------------
 
-struct QuorumLockService::Impl {
-  static asio::io_context& loop(const QuorumLockService& s) { return *static_cast<QuorumLoop*>(s.loop_.get())->ctx; }
-  // Blocking here would deadlock: the reply is delivered on one of these.
-  static bool in_any_loop(const QuorumLockService& s) {
-    if (loop(s).get_executor().running_in_this_thread()) return true;
-    for (auto* c : s.clients_)
-      if (c->running_in_loop_thread()) return true;
-    return false;
+asio::io_context& QuorumLockService::Impl::loop(const QuorumLockService& s) {
+  return *static_cast<QuorumLoop*>(s.loop_.get())->ctx;
+}
+
+bool QuorumLockService::Impl::in_any_loop(const QuorumLockService& s) {
+  if (loop(s).get_executor().running_in_this_thread()) return true;
+  for (auto* c : s.clients_)
+    if (c->running_in_loop_thread()) return true;
+  return false;
+}
+
+struct QuorumLockService::Impl::Acquire : std::enable_shared_from_this<Acquire> {
+  std::shared_ptr<QuorumLockService> svc;
+  std::string resource, key, fence_key, channel, token;
+  QuorumOptions opts;
+  ms drift{0}, timeout{0};
+  Clock::time_point give_up_at{};
+  int attempt = 0;
+  AcquireHandler done;
+  asio::steady_timer timer;
+
+  explicit Acquire(const asio::any_io_executor& ex) : timer(ex) {}
+
+  void start() {
+    ++attempt;
+    const auto sent = Clock::now();
+    const std::string ttl = std::to_string(opts.ttl.count());
+    const std::string fence = opts.fence ? "1" : "0";
+    auto self = shared_from_this();
+    fan_out(
+        svc->size(),
+        [&](std::size_t i, redis::Completion c) {
+          redis::Client& cl = svc->instance(i);
+          const std::string max_ttl = opts.quarantine ? std::to_string(cl.options().lock_max_ttl.count()) : "";
+          cl.async_eval_views(script_acquire(), {key, fence_key, detail::kLockStateKey}, {token, ttl, fence, max_ttl},
+                              std::move(c), call_options(timeout));
+        },
+        [self, sent](Outcomes out) { self->on_votes(sent, std::move(out)); });
   }
 
-  // One acquire: its attempts, their undo, the backoff between them.
-  struct Acquire : std::enable_shared_from_this<Acquire> {
-    std::shared_ptr<QuorumLockService> svc;
-    std::string resource, key, fence_key, channel, token;
-    QuorumOptions opts;
-    ms drift{0}, timeout{0};
-    Clock::time_point give_up_at{};
-    int attempt = 0;
-    AcquireHandler done;
-    asio::steady_timer timer;
-
-    explicit Acquire(const asio::any_io_executor& ex) : timer(ex) {}
-
-    void start() {
-      ++attempt;
-      const auto sent = Clock::now();
-      const std::string ttl = std::to_string(opts.ttl.count());
-      const std::string fence = opts.fence ? "1" : "0";
-      auto self = shared_from_this();
-      fan_out(
-          svc->size(),
-          [&](std::size_t i, redis::Completion c) {
-            redis::Client& cl = svc->instance(i);
-            const std::string max_ttl = opts.quarantine ? std::to_string(cl.options().lock_max_ttl.count()) : "";
-            cl.async_eval_views(script_acquire(), {key, fence_key, detail::kLockStateKey}, {token, ttl, fence, max_ttl},
-                                std::move(c), call_options(timeout));
-          },
-          [self, sent](Outcomes out) { self->on_votes(sent, std::move(out)); });
-    }
-
-    void on_votes(Clock::time_point sent, Outcomes out) {
-      const std::size_t n = out.size(), q = svc->quorum();
-      std::size_t granted = 0, refused = 0, quarantined = 0, failed = 0;
-      std::int64_t fence = -1;
-      std::string failures, quarantines;
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto& o = out[i];
-        const auto& r = o.reply;
-        if (o.ec || !r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer()) {
-          ++failed;
-          if (!failures.empty()) failures += "; ";
-          failures += o.ec ? describe_failure(svc->address(i), o, "quorum acquire")
-                           : fmt::format("{}: unexpected reply {}", svc->address(i), redis::to_debug_string(r));
-          continue;
-        }
-        switch (r.elements[0].integer) {
-          case 1:
-            ++granted;
-            fence = std::max(fence, r.elements[1].integer);
-            break;
-          case -2:
-            ++quarantined;
-            if (!quarantines.empty()) quarantines += "; ";
-            quarantines += fmt::format("{}: {} ({} ms more)", svc->address(i),
-                                       r.elements.size() > 2 ? r.elements[2].str : std::string("lock state lost"),
-                                       r.elements[1].integer);
-            break;
-          default: ++refused; break;
-        }
+  void on_votes(Clock::time_point sent, Outcomes out) {
+    const std::size_t n = out.size(), q = svc->quorum();
+    std::size_t granted = 0, refused = 0, quarantined = 0, failed = 0;
+    std::int64_t fence = -1;
+    std::string failures, quarantines;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& o = out[i];
+      const auto& r = o.reply;
+      if (o.ec || !r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer()) {
+        ++failed;
+        if (!failures.empty()) failures += "; ";
+        failures += o.ec ? describe_failure(svc->address(i), o, "quorum acquire")
+                         : fmt::format("{}: unexpected reply {}", svc->address(i), redis::to_debug_string(r));
+        continue;
       }
-      // On the clock itself, not in whole milliseconds: a truncated elapsed
-      // would overstate the validity by up to 1 ms.
-      const auto now = Clock::now();
-      const auto elapsed = std::chrono::duration_cast<ms>(now - sent);
-      if (granted >= q && now < sent + opts.ttl - drift) {
-        if (!opts.fence) return succeed(sent, granted, std::nullopt);
-        return raise_fence(sent, fence);
+      switch (r.elements[0].integer) {
+        case 1:
+          ++granted;
+          fence = std::max(fence, r.elements[1].integer);
+          break;
+        case -2:
+          ++quarantined;
+          if (!quarantines.empty()) quarantines += "; ";
+          quarantines += fmt::format("{}: {} ({} ms more)", svc->address(i),
+                                     r.elements.size() > 2 ? r.elements[2].str : std::string("lock state lost"),
+                                     r.elements[1].integer);
+          break;
+        default: ++refused; break;
       }
-      Error cause;
-      if (granted >= q) {
-        cause = Error(errc::timeout,
-                      fmt::format("quorum acquire of {}: granted on {} of {} instances, but {} ms elapsed + {} ms drift "
-                                  "left none of the {} ms TTL valid",
-                                  key, granted, n, elapsed.count(), drift.count(), opts.ttl.count()),
-                      error_source::redis);
-      } else if (failed > n - q || (refused == 0 && failed >= quarantined && failed > 0)) {
-        cause = Error(errc::redis_unavailable,
-                      fmt::format("quorum acquire of {}: {} of {} instances answered, {} needed: {}", key, n - failed, n,
-                                  q, failures),
-                      error_source::redis);
-      } else if (refused == 0 && quarantined > 0) {
-        cause = Error(errc::server_busy,
-                      fmt::format("quorum acquire of {}: {} of {} instances lost lock state and refuse grants: {}", key,
-                                  quarantined, n, quarantines),
-                      error_source::redis);
-      }
-      // else: busy, someone else holds enough instances (an empty cause).
-      undo_then_retry(std::move(cause));
     }
+    // On the clock itself, not in whole milliseconds: a truncated elapsed
+    // would overstate the validity by up to 1 ms.
+    const auto now = Clock::now();
+    const auto elapsed = std::chrono::duration_cast<ms>(now - sent);
+    if (granted >= q && now < sent + opts.ttl - drift) {
+      if (!opts.fence) return succeed(sent, granted, std::nullopt);
+      return raise_fence(sent, fence);
+    }
+    Error cause;
+    if (granted >= q) {
+      cause = Error(errc::timeout,
+                    fmt::format("quorum acquire of {}: granted on {} of {} instances, but {} ms elapsed + {} ms drift "
+                                "left none of the {} ms TTL valid",
+                                key, granted, n, elapsed.count(), drift.count(), opts.ttl.count()),
+                    error_source::redis);
+    } else if (failed > n - q || (refused == 0 && failed >= quarantined && failed > 0)) {
+      cause = Error(errc::redis_unavailable,
+                    fmt::format("quorum acquire of {}: {} of {} instances answered, {} needed: {}", key, n - failed, n,
+                                q, failures),
+                    error_source::redis);
+    } else if (refused == 0 && quarantined > 0) {
+      cause = Error(errc::server_busy,
+                    fmt::format("quorum acquire of {}: {} of {} instances lost lock state and refuse grants: {}", key,
+                                quarantined, n, quarantines),
+                    error_source::redis);
+    }
+    // else: busy, someone else holds enough instances (an empty cause).
+    undo_then_retry(std::move(cause));
+  }
 
-    // Two majorities share an instance, but the shared one may have issued
-    // a smaller fence than the majority's maximum: the maximum is written to
-    // a majority before anyone is told, so every later majority contains an
-    // instance whose counter is at least this fence (docs/redlock.md).
-    void raise_fence(Clock::time_point sent, std::int64_t fence) {
-      auto self = shared_from_this();
-      const std::string f = fmt::format("{}", fence);
-      fan_out(
-          svc->size(),
-          [&](std::size_t i, redis::Completion c) {
-            svc->instance(i).async_eval_views(script_fence(), {key, fence_key}, {token, f}, std::move(c),
-                                              call_options(timeout));
-          },
-          [self, sent, fence](Outcomes out) {
-            std::size_t ok = 0;
-            for (const auto& o : out)
-              if (!o.ec && o.reply.is_integer() && o.reply.integer == 1) ++ok;
-            const auto now = Clock::now();
-            const auto elapsed = std::chrono::duration_cast<ms>(now - sent);
-            if (ok >= self->svc->quorum() && now < sent + self->opts.ttl - self->drift)
-              return self->succeed(sent, ok, fence);
-            self->undo_then_retry(Error(
-                errc::timeout,
-                fmt::format("quorum acquire of {}: the fence {} was raised on {} of {} instances within the validity "
-                            "time ({} ms elapsed)",
-                            self->key, fence, ok, self->svc->size(), elapsed.count()),
-                error_source::redis));
-          });
-    }
+  // Two majorities share an instance, but the shared one may have issued
+  // a smaller fence than the majority's maximum: the maximum is written to
+  // a majority before anyone is told, so every later majority contains an
+  // instance whose counter is at least this fence (docs/redlock.md).
+  void raise_fence(Clock::time_point sent, std::int64_t fence) {
+    auto self = shared_from_this();
+    const std::string f = fmt::format("{}", fence);
+    fan_out(
+        svc->size(),
+        [&](std::size_t i, redis::Completion c) {
+          svc->instance(i).async_eval_views(script_fence(), {key, fence_key}, {token, f}, std::move(c),
+                                            call_options(timeout));
+        },
+        [self, sent, fence](Outcomes out) {
+          std::size_t ok = 0;
+          for (const auto& o : out)
+            if (!o.ec && o.reply.is_integer() && o.reply.integer == 1) ++ok;
+          const auto now = Clock::now();
+          const auto elapsed = std::chrono::duration_cast<ms>(now - sent);
+          if (ok >= self->svc->quorum() && now < sent + self->opts.ttl - self->drift)
+            return self->succeed(sent, ok, fence);
+          self->undo_then_retry(Error(
+              errc::timeout,
+              fmt::format("quorum acquire of {}: the fence {} was raised on {} of {} instances within the validity "
+                          "time ({} ms elapsed)",
+                          self->key, fence, ok, self->svc->size(), elapsed.count()),
+              error_source::redis));
+        });
+  }
 
-    void succeed(Clock::time_point sent, std::size_t granted, std::optional<std::int64_t> fence) {
-      QuorumLock l;
-      l.service_ = svc;
-      l.resource_ = resource;
-      l.key_ = key;
-      l.token_ = token;
-      l.fence_ = fence;
-      l.ttl_ = opts.ttl;
-      l.drift_ = drift;
-      l.drift_factor_ = opts.clock_drift_factor;
-      l.instance_timeout_ = timeout;
-      l.acquired_at_ = sent;
-      l.valid_until_ = sent + opts.ttl - drift;
-      l.granted_ = granted;
-      l.held_ = true;
-      auto d = std::move(done);
-      d(Error(), std::move(l));
-    }
+  void succeed(Clock::time_point sent, std::size_t granted, std::optional<std::int64_t> fence) {
+    QuorumLock l;
+    l.service_ = svc;
+    l.resource_ = resource;
+    l.key_ = key;
+    l.token_ = token;
+    l.fence_ = fence;
+    l.ttl_ = opts.ttl;
+    l.drift_ = drift;
+    l.drift_factor_ = opts.clock_drift_factor;
+    l.instance_timeout_ = timeout;
+    l.acquired_at_ = sent;
+    l.valid_until_ = sent + opts.ttl - drift;
+    l.granted_ = granted;
+    l.held_ = true;
+    auto d = std::move(done);
+    d(Error(), std::move(l));
+  }
 
-    // Every instance, those that refused or did not answer included: a vote
-    // whose reply was lost may still have been cast.
-    void undo_then_retry(Error cause) {
-      auto self = shared_from_this();
-      release_all(*svc, key, channel, token, timeout, [self, cause = std::move(cause)](std::size_t) mutable {
-        self->retry_or_finish(std::move(cause));
-      });
-    }
+  // Every instance, those that refused or did not answer included: a vote
+  // whose reply was lost may still have been cast.
+  void undo_then_retry(Error cause) {
+    auto self = shared_from_this();
+    release_all(*svc, key, channel, token, timeout, [self, cause = std::move(cause)](std::size_t) mutable {
+      self->retry_or_finish(std::move(cause));
+    });
+  }
 
-    void retry_or_finish(Error cause) {
-      const auto now = Clock::now();
-      const ms cap = std::min(opts.backoff_max, ms(opts.backoff_min.count() * (std::int64_t{1} << std::min(attempt, 20))));
-      thread_local std::mt19937_64 rng{std::random_device{}()};
-      std::uniform_int_distribution<std::int64_t> d(opts.backoff_min.count(), std::max(opts.backoff_min, cap).count());
-      const ms backoff(d(rng));
-      if (now + backoff >= give_up_at) {
-        auto h = std::move(done);
-        return h(cause, std::nullopt);
-      }
-      auto self = shared_from_this();
-      // The timer lives on the service's loop; this may run on an instance's.
-      asio::post(timer.get_executor(), [self, backoff] {
-        self->timer.expires_after(backoff);
-        self->timer.async_wait([self](const boost::system::error_code&) { self->start(); });
-      });
+  void retry_or_finish(Error cause) {
+    const auto now = Clock::now();
+    const ms cap = std::min(opts.backoff_max, ms(opts.backoff_min.count() * (std::int64_t{1} << std::min(attempt, 20))));
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    std::uniform_int_distribution<std::int64_t> d(opts.backoff_min.count(), std::max(opts.backoff_min, cap).count());
+    const ms backoff(d(rng));
+    if (now + backoff >= give_up_at) {
+      auto h = std::move(done);
+      return h(cause, std::nullopt);
     }
-  };
+    auto self = shared_from_this();
+    // The timer lives on the service's loop; this may run on an instance's.
+    asio::post(timer.get_executor(), [self, backoff] {
+      self->timer.expires_after(backoff);
+      self->timer.async_wait([self](const boost::system::error_code&) { self->start(); });
+    });
+  }
 };
 
 QuorumLockService::QuorumLockService(std::vector<redis::Client*> instances, KeyBuilder keys)
@@ -495,231 +493,6 @@ bool QuorumLock::extend(std::chrono::milliseconds ttl) {
   valid_until_ = until;
   granted_ = t.ok;
   return true;
-}
-
-// --- the lease ---------------------------------------------------------------------
-
-struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
-  QuorumLock lock;
-  LeaseOptions opts;
-  ms period{0}, drift{0};
-  std::shared_ptr<QuorumLockService> svc;
-  std::atomic<LeaseState> state{LeaseState::active};
-  std::atomic<Clock::rep> safe_until{0};
-  std::atomic<std::uint64_t> renewals{0};
-  std::stop_source stop;
-  mutable std::mutex mu;  // reason, on_lost
-  std::string reason;
-  std::function<void(LeaseState, const std::string&)> on_lost;
-  // Touched only on the service's event loop, like everything below.
-  asio::steady_timer timer;
-  bool renewing = false;
-  Clock::time_point next_renewal{};
-  std::string last_failures;  // the last renewal's unanswered instances, for the reason
-  std::mt19937_64 rng{std::random_device{}()};
-
-  State(QuorumLock l, const LeaseOptions& o)
-      : lock(std::move(l)), opts(o), svc(lock.service_), timer(QuorumLockService::Impl::loop(*svc).get_executor()) {}
-  // The lease's own paths release (or not, when lost): never the lock's destructor.
-  ~State() { lock.detach(); }
-
-  Clock::time_point until() const { return Clock::time_point(Clock::duration(safe_until.load())); }
-
-  ms jittered() {
-    const double frac = std::clamp(opts.jitter, 0.0, 0.9);
-    std::uniform_real_distribution<double> d(1.0 - frac, 1.0 + frac);
-    return ms(std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(period.count()) * d(rng))));
-  }
-
-  std::optional<Clock::time_point> hard() const {
-    if (opts.hard_timeout.count() <= 0) return std::nullopt;
-    return lock.acquired_at() + opts.hard_timeout;
-  }
-
-  // Wakes at the next renewal, the end of the safe time or the hard
-  // timeout, whichever is first, so a loss is noticed when it happens even
-  // while a renewal is still out.
-  void arm() {
-    auto at = std::min(until(), renewing ? until() : next_renewal);
-    if (auto h = hard()) at = std::min(at, *h);
-    timer.expires_at(at);
-    timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      if (!ec) self->tick();
-    });
-  }
-
-  void tick() {
-    if (state.load() != LeaseState::active) return;
-    const auto now = Clock::now();
-    if (auto h = hard(); h && now >= *h) {
-      lose(LeaseState::timed_out, fmt::format("quorum lease on {} lost: hard timeout of {} ms", lock.key(),
-                                              opts.hard_timeout.count()));
-      // Still ours: free it for the next holder now rather than at the TTL.
-      release_all(*svc, lock.key(), svc->keys().channel(lock.resource()), lock.token(), lock.instance_timeout_, nullptr);
-      return;
-    }
-    if (now >= until()) {
-      lose(LeaseState::expired, fmt::format("quorum lease on {} lost: no renewal acknowledged by a majority ({} of {}) "
-                                            "within the safe time{}{}",
-                                            lock.key(), svc->quorum(), svc->size(), last_failures.empty() ? "" : "; last: ",
-                                            last_failures));
-      return;
-    }
-    if (!renewing && now >= next_renewal) {
-      renewing = true;
-      const auto sent = now;
-      auto self = shared_from_this();
-      extend_all(*svc, lock.key(), lock.token(), lock.ttl(), lock.instance_timeout_, [self, sent](ExtendTally t) {
-        asio::post(self->timer.get_executor(), [self, sent, t = std::move(t)] { self->on_renewed(sent, t); });
-      });
-    }
-    arm();
-  }
-
-  void on_renewed(Clock::time_point sent, const ExtendTally& t) {
-    renewing = false;
-    if (state.load() != LeaseState::active) return;
-    const auto now = Clock::now();
-    if (now >= until()) {
-      // The safe time ran out while the renewal was out: the holder may
-      // already have been told it has none (safe_time_left), so it is lost
-      // even if the renewal then succeeds.
-      lose(LeaseState::expired, fmt::format("quorum lease on {} lost: the safe time ran out before a majority ({} "
-                                            "of {}) acknowledged a renewal",
-                                            lock.key(), svc->quorum(), svc->size()));
-      return;
-    }
-    const auto until_new = sent + lock.ttl() - drift;
-    const std::size_t n = svc->size(), q = svc->quorum();
-    if (t.ok >= q && now < until_new) {
-      safe_until.store(std::max(until(), until_new).time_since_epoch().count());
-      renewals.fetch_add(1);
-      next_renewal = sent + jittered();
-    } else if (t.gone > n - q) {
-      lose(LeaseState::token_gone,
-           fmt::format("quorum lease on {} lost: the token is no longer ours on {} of {} instances (a majority of {} "
-                       "cannot be had)",
-                       lock.key(), t.gone, n, q));
-      return;
-    } else {
-      // Too few answered: try again soon, until the safe time runs out.
-      next_renewal = now + std::max(ms(1), period / 4);
-      last_failures = t.failures;
-    }
-    arm();
-  }
-
-  void lose(LeaseState st, std::string why) {
-    std::function<void(LeaseState, const std::string&)> cb;
-    {
-      // The reason is set with the state, under the lock on_lost() reads
-      // both under: a callback registered just after never sees it empty.
-      std::lock_guard<std::mutex> lk(mu);
-      auto expected = LeaseState::active;
-      if (!state.compare_exchange_strong(expected, st)) return;
-      reason = std::move(why);
-      cb = std::move(on_lost);
-      on_lost = nullptr;
-    }
-    stop.request_stop();
-    timer.cancel();
-    if (cb) cb(st, reason);
-  }
-};
-
-QuorumLease QuorumLease::adopt(QuorumLock lock, const LeaseOptions& opts) {
-  if (!lock.held() || !lock.service())
-    throw Error(errc::invalid_argument, "QuorumLease::adopt: the lock is not held");
-  if (opts.renew_every.count() < 0 || opts.drift.count() < 0 || opts.hard_timeout.count() < 0)
-    throw Error(errc::invalid_argument, "QuorumLease: negative renew_every, drift or hard_timeout");
-  auto s = std::make_shared<State>(std::move(lock), opts);
-  s->period = opts.renew_every.count() > 0 ? opts.renew_every : std::max(ms(1), s->lock.ttl() / 3);
-  s->drift = opts.drift.count() > 0 ? opts.drift : s->lock.drift_;
-  // valid_until is the last grant or extension's send time + ttl - the lock's drift.
-  s->safe_until.store((s->lock.valid_until() + s->lock.drift_ - s->drift).time_since_epoch().count());
-  s->next_renewal = s->lock.acquired_at() + s->jittered();
-  asio::post(s->timer.get_executor(), [s] { s->tick(); });
-  return QuorumLease(std::move(s));
-}
-
-QuorumLease::QuorumLease(QuorumLease&&) noexcept = default;
-QuorumLease& QuorumLease::operator=(QuorumLease&& o) noexcept {
-  if (this != &o) {
-    if (s_) {
-      try {
-        release();
-      } catch (...) {
-      }
-    }
-    s_ = std::move(o.s_);
-  }
-  return *this;
-}
-QuorumLease::~QuorumLease() {
-  if (!s_) return;
-  try {
-    release();
-  } catch (...) {
-    // A client shutting down: the TTL frees the lock.
-  }
-}
-
-const std::string& QuorumLease::key() const noexcept { return s_->lock.key(); }
-const std::string& QuorumLease::token() const noexcept { return s_->lock.token(); }
-const std::string& QuorumLease::resource() const noexcept { return s_->lock.resource(); }
-std::optional<std::int64_t> QuorumLease::fence() const noexcept { return s_->lock.fence(); }
-
-std::chrono::milliseconds QuorumLease::safe_time_left() const noexcept {
-  if (s_->state.load() != LeaseState::active) return ms(0);
-  const auto now = Clock::now(), until = s_->until();
-  return now >= until ? ms(0) : std::chrono::duration_cast<ms>(until - now);
-}
-Clock::time_point QuorumLease::deadline() const noexcept { return s_->until(); }
-
-void QuorumLease::ensure(std::chrono::milliseconds min_left) const {
-  const auto left = safe_time_left();
-  if (left <= ms(0) || left < min_left) {
-    throw Error(errc::lease_lost, s_->state.load() != LeaseState::active
-                                      ? reason()
-                                      : fmt::format("quorum lease on {} has {} ms of safe time left, {} ms required",
-                                                    key(), left.count(), min_left.count()));
-  }
-}
-
-bool QuorumLease::lost() const noexcept {
-  const auto st = s_->state.load();
-  return st != LeaseState::active && st != LeaseState::released;
-}
-LeaseState QuorumLease::state() const noexcept { return s_->state.load(); }
-std::string QuorumLease::reason() const {
-  std::lock_guard<std::mutex> lk(s_->mu);
-  return s_->reason;
-}
-std::uint64_t QuorumLease::renewals() const noexcept { return s_->renewals.load(); }
-std::stop_token QuorumLease::stop_token() const noexcept { return s_->stop.get_token(); }
-
-void QuorumLease::on_lost(std::function<void(LeaseState, const std::string&)> fn) {
-  std::unique_lock<std::mutex> lk(s_->mu);
-  const auto st = s_->state.load();
-  if (st != LeaseState::active && st != LeaseState::released) {
-    const std::string why = s_->reason;
-    lk.unlock();
-    asio::post(s_->timer.get_executor(), [fn = std::move(fn), st, why] { fn(st, why); });
-    return;
-  }
-  s_->on_lost = std::move(fn);
-}
-
-bool QuorumLease::release() {
-  auto s = s_;
-  auto expected = LeaseState::active;
-  if (!s->state.compare_exchange_strong(expected, LeaseState::released)) return false;
-  asio::post(s->timer.get_executor(), [s] { s->timer.cancel(); });
-  if (QuorumLockService::Impl::in_any_loop(*s->svc)) {
-    s->lock.async_release([s](std::size_t) {});
-    return true;
-  }
-  return s->lock.release() >= s->svc->quorum();
 }
 
 }  // namespace jobguard

@@ -1,4 +1,4 @@
-// The semaphore's scripts, for the waiter (lock.cpp) and the service.
+// The semaphore's scripts, for the waiter (waiter_shell.cpp) and the service.
 #pragma once
 
 #include <map>

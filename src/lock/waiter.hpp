@@ -1,6 +1,6 @@
 // The lock waiter, sans-IO: one acquire's decisions (when to try, when to
 // listen, when to sleep, when a fair grant may be used, when to give up) as a
-// state machine with events in and actions out. The shell in lock.cpp does
+// state machine with events in and actions out. The shell in waiter_shell.cpp does
 // the I/O (the gate, the scripts, the subscriber, the timer) and feeds back
 // what happened; tests/unit/lock/waiter_test.cpp drives it on a fake clock and
 // reaches the fair-handoff races no real server can be made to produce on

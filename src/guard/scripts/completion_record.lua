@@ -6,14 +6,14 @@
 --   missing (finish.lua: a run writes its idempotency key before its record,
 --   and found the key missing in the same script call), so it is not read
 -- Returns {1 if recorded else 0, completed_at_ms, completed_by, result}
+--#include redis/scripts/server_time.lua
 if ARGV[5] ~= 'absent' then
   local got = record_read(KEYS[1])
   if got then return {0, got.at, got.by, got.result} end
 end
 local at = ARGV[4]
 if not at or at == '' then
-  local t = redis.call('TIME')
-  at = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  at = string.format('%d', (server_time()))
 end
 if tonumber(ARGV[3]) > 0 then
   redis.call('SET', KEYS[1], record_value(at, ARGV[1], ARGV[2]), 'PX', ARGV[3])

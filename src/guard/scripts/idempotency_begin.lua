@@ -7,8 +7,8 @@
 -- Returns {status, owner, since_ms, lease_left_ms, extra}
 --   status: claimed | reclaimed | in_progress | completed | conflict
 --   extra: the stored result (completed) or stored fingerprint (conflict)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+local now = server_time()
 local r = ARGV[5] ~= 'absent' and idem_read(KEYS[1])
 local status = 'claimed'
 if r then

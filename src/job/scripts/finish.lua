@@ -20,8 +20,8 @@
 -- lock released (when ours) and nothing written, for the runner to report.
 -- The server's clock read once for the key and the record (each redis.call
 -- is a good part of the call's cost).
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+local now_ms = server_time()
 local now = string.format('%d', now_ms)
 if ARGV[9] == 'deferred' then
   -- The key is written once, here, by the first run of the unit to finish;

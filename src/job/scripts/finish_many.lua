@@ -18,6 +18,7 @@
 -- (batch_layout.lua), not through arg(i, j): a Lua function call is some
 -- hundreds of server instructions, and the common finish would read sixteen
 -- arguments a job that way (see docs/bench.md).
+--#include redis/scripts/server_time.lua
 local n, nk, na, key, arg, parts, num, sh, at, np = batch_layout(KEYS, ARGV)
 local out, maybe, locks = {}, {}, {}
 if nk == 4 and na == 12 then
@@ -52,8 +53,7 @@ if #maybe > 0 then
         if w[1] then redis.call(arg(i, 8) == '1' and 'SPUBLISH' or 'PUBLISH', arg(i, 2), 'wake ' .. w[1]) end
       end
     end
-    local t = redis.call('TIME')
-    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local now_ms = server_time()
     local format = string.format
     local now = format('%d', now_ms)
     local done = {1, 1, 1}

@@ -4,8 +4,8 @@
 -- Returns 0 when this start may go (and moves the TAT on), else how many
 -- microseconds until it may. The server's TIME, not the worker's: every
 -- worker on every host reads one clock.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+--#include redis/scripts/server_time.lua
+local _, now = server_time()
 local interval = tonumber(ARGV[1])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if tat > now then return tat - now end

@@ -13,6 +13,7 @@
 -- ARGV[11]), {0, pttl of the holder} when busy
 -- ({0, pttl, arrival} for a default-mode waiter), {-1, evicted_keys} when
 -- keys were evicted since that check.
+--#include redis/scripts/server_time.lua
 if ARGV[8] and ARGV[8] ~= '' then
   -- Redis evicts before it runs a command, never inside a script: a count
   -- equal to the checked one means no lock key vanished since the check
@@ -27,11 +28,8 @@ local waiter = (not fair and KEYS[5] and ARGV[9]) or ''
 
 -- The server's clock, read only where it is used (the fair queue's expiries,
 -- the fence's floor): each redis.call is a good part of a grant's cost.
-local t, now_ms
-if fair or ARGV[3] == '1' then
-  t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now_ms, now_us
+if fair or ARGV[3] == '1' then now_ms, now_us = server_time() end
 
 if fair then
   -- A fair release may already have handed the lock to us (release.lua): the
@@ -80,18 +78,13 @@ end
 if free then
   local fence = -1
   if ARGV[3] == '1' then
-    -- Never below the server's clock in microseconds: a counter lost to a
-    -- restart without persistence, or to failover onto a lagging replica,
-    -- still issues a token above every token granted before (docs/fencing.md).
-    -- release.lua issues fair grants the same way.
-    local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-    fence = math.max(cur + 1, floor)
+    --#include lock/scripts/fence_floor.lua
+    fence = next_fence(fence_counter(KEYS[2]), now_us)
     redis.call('SET', KEYS[2], string.format('%d', fence))
   end
   if ARGV[11] == '1' then
-    local tt = t or redis.call('TIME')
-    return {1, fence, tonumber(tt[1]) * 1000000 + tonumber(tt[2])}
+    if not now_us then now_ms, now_us = server_time() end
+    return {1, fence, now_us}
   end
   return {1, fence}
 end
@@ -109,8 +102,8 @@ if waiter ~= '' and ARGV[5] == '1' then
   -- release.lua wakes it again next, not the newcomer.
   local arrival = ARGV[10]
   if not arrival or arrival == '' then
-    local tt = t or redis.call('TIME')
-    arrival = string.format('%d', tonumber(tt[1]) * 1000000 + tonumber(tt[2]))
+    if not now_us then now_ms, now_us = server_time() end
+    arrival = string.format('%d', now_us)
   end
   redis.call('ZADD', KEYS[5], 'NX', arrival, waiter)
   redis.call('PEXPIRE', KEYS[5], tonumber(ARGV[6]) * 2)

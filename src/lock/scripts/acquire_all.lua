@@ -8,6 +8,8 @@
 -- Returns {1, server time µs, fence or -1 per lock} when granted, {0, index of
 -- the first held lock, its pttl} when busy (nothing written), {-1,
 -- evicted_keys} when keys were evicted since that check.
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/fence_floor.lua
 if ARGV[3] ~= '' then
   -- As in acquire.lua: eviction happens before a command, never inside a
   -- script, so an unchanged count means no lock key vanished since the check.
@@ -18,16 +20,13 @@ local n = #KEYS / 2
 for i = 1, n do
   if redis.call('EXISTS', KEYS[i]) == 1 then return {0, i, redis.call('PTTL', KEYS[i])} end
 end
-local t = redis.call('TIME')
--- acquire.lua's rule, per key: never below the server clock in microseconds,
--- so a counter lost with the server still issues a fence above the old ones.
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local out = {1, floor}
+local _, now_us = server_time()
+local out = {1, now_us}
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[3 + i], 'PX', ARGV[1])
   local fence = -1
   if ARGV[2] == '1' then
-    fence = math.max((tonumber(redis.call('GET', KEYS[n + i]) or '0') or 0) + 1, floor)
+    fence = next_fence(fence_counter(KEYS[n + i]), now_us)
     redis.call('SET', KEYS[n + i], string.format('%d', fence))
   end
   out[#out + 1] = fence

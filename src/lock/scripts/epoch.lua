@@ -10,6 +10,8 @@
 --          redis_version, aof_enabled 0|1, server time µs} (version and aof
 --          pick WAIT or WAITAOF for replica-confirmed grants; the time is a
 --          sample for the client's clock-step watch).
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/epoch_id.lua
 local function field(text, name) return string.match(text, name .. ':([^\r\n]*)') end
 local server = redis.call('INFO', 'server')
 local run_id = field(server, 'run_id') or '?'
@@ -21,12 +23,10 @@ local evicted = tonumber(field(redis.call('INFO', 'stats'), 'evicted_keys')) or 
 local mem = redis.call('INFO', 'memory')
 local policy = field(mem, 'maxmemory_policy') or 'noeviction'
 local evicting = (tonumber(field(mem, 'maxmemory')) or 0) > 0 and policy ~= 'noeviction'
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now, now_us = server_time()
 if role ~= 'master' then
   return {'', 0, evicted, evicting and 1 or 0, 'the server is a replica', role, version, aof, now_us}
 end
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max_ttl = tonumber(ARGV[1])
 local rec = redis.call('HMGET', KEYS[1], 'run_id', 'evicted', 'until', 'id', 'reason')
 local until_ms = tonumber(rec[3]) or 0
@@ -34,7 +34,7 @@ local reason = ''
 if ARGV[2] == 'trust' then
   if rec[1] ~= run_id then
     redis.call('HSET', KEYS[1], 'run_id', run_id, 'evicted', evicted, 'until', 0,
-               'id', run_id:sub(1, 8) .. '.' .. t[1] .. '.' .. t[2], 'reason', 'trusted as new')
+               'id', epoch_id(run_id, now_us), 'reason', 'trusted as new')
   end
   rec = redis.call('HMGET', KEYS[1], 'run_id', 'evicted', 'until', 'id', 'reason')
   return {rec[4], 0, evicted, evicting and 1 or 0, '', role, version, aof, now_us}
@@ -65,7 +65,7 @@ if reason ~= '' then
   -- A new epoch: leases granted under the old one are lost, and nobody is
   -- granted anything until the longest lease that could still be alive is over.
   until_ms = math.max(until_ms, now + max_ttl)
-  id = run_id:sub(1, 8) .. '.' .. t[1] .. '.' .. t[2]
+  id = epoch_id(run_id, now_us)
   redis.call('HSET', KEYS[1], 'run_id', run_id, 'evicted', evicted, 'until', string.format('%d', until_ms), 'id', id,
              'reason', reason)
 elseif until_ms > now then

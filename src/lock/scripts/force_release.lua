@@ -10,16 +10,16 @@
 --       7 '1' on a Redis Cluster: SPUBLISH (the channel is on this shard).
 -- Returns {0} when the lock is free, {-1, holder} when ARGV[6] does not match
 -- the holder, {1, holder, pttl, new fence, audit entry id} when released.
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/fence_floor.lua
 local tok = redis.call('GET', KEYS[1])
 if not tok then return {0} end
 -- The readable part of a jobguard token ("host/pid/job"), as token_owner().
 local holder = string.match(tok, '^(.*)#[^#]*$') or tok
 if ARGV[6] ~= '' and ARGV[6] ~= holder then return {-1, holder} end
 local pttl = redis.call('PTTL', KEYS[1])
--- The same rule as acquire.lua: never below the server clock in µs.
-local t = redis.call('TIME')
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = string.format('%d', math.max((tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1, floor))
+local _, now_us = server_time()
+local fence = string.format('%d', next_fence(fence_counter(KEYS[2]), now_us))
 redis.call('SET', KEYS[2], fence)
 redis.call('DEL', KEYS[1])
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'resource', ARGV[3], 'holder', holder,

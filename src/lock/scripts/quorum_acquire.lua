@@ -6,16 +6,17 @@
 -- Returns {1, fence or -1} granted, {0, pttl of the holder} busy,
 -- {-2, quarantine ms left, reason} when this instance lost its lock state
 -- and must not vote until every lease it could have granted has expired.
+--#include redis/scripts/server_time.lua
 if ARGV[4] ~= '' then
   -- The Redlock "delayed restart", kept by the server itself: a restarted
   -- (or flushed) instance has no record, or a record of another run_id; it
   -- votes no for a max TTL, so it cannot hand a second contender the vote
   -- it gave the current holder before it forgot. The record's format is
   -- epoch.lua's, so single-server LockServices on the same server agree.
+  --#include lock/scripts/epoch_id.lua
   local function field(text, name) return string.match(text, name .. ':([^\r\n]*)') end
   local run_id = field(redis.call('INFO', 'server'), 'run_id') or '?'
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now, now_us = server_time()
   local rec = redis.call('HMGET', KEYS[3], 'run_id', 'until', 'reason')
   local until_ms = tonumber(rec[2]) or 0
   local reason = rec[3] or 'lock state lost'
@@ -28,7 +29,7 @@ if ARGV[4] ~= '' then
     until_ms = math.max(until_ms, now + tonumber(ARGV[4]))
     local evicted = tonumber(field(redis.call('INFO', 'stats'), 'evicted_keys')) or 0
     redis.call('HSET', KEYS[3], 'run_id', run_id, 'evicted', evicted, 'until', string.format('%d', until_ms),
-               'id', run_id:sub(1, 8) .. '.' .. t[1] .. '.' .. t[2], 'reason', reason)
+               'id', epoch_id(run_id, now_us), 'reason', reason)
   end
   if until_ms > now then return {-2, until_ms - now, reason} end
 end
@@ -44,13 +45,11 @@ end
 if not granted then return {0, redis.call('PTTL', KEYS[1])} end
 local fence = -1
 if ARGV[3] == '1' then
-  -- acquire.lua's rule: never below the server's clock in microseconds, so a
-  -- counter lost to a restart still issues above what it issued before
-  -- (when this server's clock is not behind the old one's).
-  local t = redis.call('TIME')
-  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local cur = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  fence = math.max(cur + 1, floor)
+  -- Above what this instance issued before a restart only when its clock
+  -- is not behind the old one's.
+  --#include lock/scripts/fence_floor.lua
+  local _, now_us = server_time()
+  fence = next_fence(fence_counter(KEYS[2]), now_us)
   redis.call('SET', KEYS[2], string.format('%d', fence))
 end
 return {1, fence}

@@ -7,7 +7,7 @@
 --         lock's hash tag, so they live on this shard), else PUBLISH.
 -- Returns 0 when the lock was not ours, 1 when released, 2 when released
 -- and a default-mode waiter was woken by name (the releasing service then
--- gives that waiter a head start before its own next wait: lock.cpp).
+-- gives that waiter a head start before its own next wait: service_impl.hpp).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local publish = ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH'
 
@@ -18,9 +18,11 @@ if KEYS[4] then
   -- to the waiter's process, and PUBLISH counting no receiver means that
   -- process is gone (or not listening yet): then the lock is left free with
   -- the head's place kept, as without direct grants, and the head takes it at
-  -- its next attempt or its place expires.
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- its next attempt or its place expires. (The clock and the fence rule are
+  -- built in here only: a plain release does not pay for their definitions.)
+  --#include redis/scripts/server_time.lua
+  --#include lock/scripts/fence_floor.lua
+  local now_ms, now_us = server_time()
   while true do
     local head = redis.call('LINDEX', KEYS[2], 0)
     if not head then break end
@@ -29,11 +31,7 @@ if KEYS[4] then
       local ttl, f, chan, tok = string.match(head, '^(%d+) ([01]) (%S+) (%S+)$')
       if not tok then break end
       local fence = -1
-      if f == '1' then
-        -- The same rule as acquire.lua: never below the server clock in µs.
-        local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        fence = math.max((tonumber(redis.call('GET', KEYS[4]) or '0') or 0) + 1, floor)
-      end
+      if f == '1' then fence = next_fence(fence_counter(KEYS[4]), now_us) end
       if redis.call(publish, chan, tok .. ' ' .. string.format('%d', fence) .. ' ' .. ARGV[3]) > 0 then
         redis.call('SET', KEYS[1], tok, 'PX', ttl)
         if f == '1' then redis.call('SET', KEYS[4], string.format('%d', fence)) end

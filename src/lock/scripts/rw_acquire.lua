@@ -14,12 +14,12 @@
 -- Returns {1, fence or -1, -1, 0} when granted, {0, ms until the soonest
 -- holder's lease ends (-1 none), 0} when busy, {-1, evicted} when keys were
 -- evicted since that check (sem_acquire.lua's replies, without a slot).
+--#include redis/scripts/server_time.lua
 if ARGV[7] ~= '' then
   local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
   if ev ~= tonumber(ARGV[7]) then return {-1, ev or -1} end
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms, now_us = server_time()
 local ttl = tonumber(ARGV[2])
 local writer = ARGV[4] == 'w'
 local waiter = ARGV[8]
@@ -33,12 +33,10 @@ local function grant(holders)
   end
   local fence = -1
   if ARGV[3] == '1' then
-    -- acquire.lua's rule: never below the server's clock in microseconds. A
-    -- writer is granted only once the readers it waited for are gone, so its
-    -- fence is above each of theirs; the readers after it get higher ones.
-    local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local cur = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-    fence = math.max(cur + 1, floor)
+    -- A writer is granted only once the readers it waited for are gone, so
+    -- its fence is above each of theirs; the readers after it get higher ones.
+    --#include lock/scripts/fence_floor.lua
+    fence = next_fence(fence_counter(KEYS[3]), now_us)
     redis.call('SET', KEYS[3], string.format('%d', fence))
   end
   return {1, fence, -1, 0}
@@ -100,7 +98,7 @@ if may then return grant(writer and KEYS[2] or KEYS[1]) end
 
 if waiter ~= '' and ARGV[5] == '1' then
   local lease = tonumber(ARGV[6])
-  local arrival = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  local arrival = string.format('%d', now_us)
   redis.call('ZADD', KEYS[4], 'NX', arrival, waiter)
   redis.call('ZADD', KEYS[5], now_ms + lease, waiter)
   redis.call('PEXPIRE', KEYS[4], lease * 2)

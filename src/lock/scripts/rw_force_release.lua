@@ -10,8 +10,9 @@
 -- Returns {0} when nothing is held, {-1, a holder} when ARGV[6] holds nothing
 -- but others do, {1, "reader a,writer b", ms the longest lease had left,
 -- new fence, audit entry id} when released.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/fence_floor.lua
+local now_ms, now_us = server_time()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
 local removed, left, other = {}, 0, nil
@@ -32,8 +33,7 @@ if #removed == 0 then
   if other then return {-1, other} end
   return {0}
 end
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = string.format('%d', math.max((tonumber(redis.call('GET', KEYS[3]) or '0') or 0) + 1, floor))
+local fence = string.format('%d', next_fence(fence_counter(KEYS[3]), now_us))
 redis.call('SET', KEYS[3], fence)
 local holder = table.concat(removed, ',')
 local id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'resource', ARGV[3], 'holder', holder,

@@ -4,8 +4,8 @@
 -- Returns {server ms, fence or false, live waiters, waiting writers (live),
 --          #writer entries, writer token, expiry ms, ..., reader token,
 --          expiry ms, ...} for the live holders.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+local now_ms = server_time()
 local live = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now_ms, '+inf')
 local writers = 0
 for _, w in ipairs(live) do

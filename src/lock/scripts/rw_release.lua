@@ -5,8 +5,8 @@
 -- ARGV: 1 token, 2 wake channel, 3 '1' on a Redis Cluster: SPUBLISH (the
 --       channel has the hash tag)
 -- Returns 1 when released, 0 when it was not ours (any more).
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+local now_ms = server_time()
 local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not exp then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])

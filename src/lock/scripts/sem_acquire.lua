@@ -27,6 +27,8 @@
 -- Invariant: with H = ZCARD, each slot in [0, H) has exactly one member and
 -- none is >= H. Every script that removes a holder adds its slot's free
 -- member in the same step (sem_release.lua, sem_extend.lua, the admin's).
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/fence_floor.lua
 local items = (#ARGV - 2) / 6
 local out = {}
 if ARGV[2] ~= '' then
@@ -39,8 +41,7 @@ end
 -- Numbers go to Redis as strings made with '%d' here: a Lua number passed
 -- as it is is printed with '%.17g', which costs more than the command.
 local FREE = 1e15
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms, now_us = server_time()
 local now = string.format('%d', now_ms)
 local holders = KEYS[1]
 
@@ -101,10 +102,8 @@ for i = 1, items do
     end
     local f_out = -1
     if ARGV[a + 3] == '1' then
-      -- acquire.lua's rule: never below the server's clock in microseconds.
-      local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      if not fence then fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0 end
-      fence = math.max(fence + 1, floor)
+      if not fence then fence = fence_counter(KEYS[2]) end
+      fence = next_fence(fence, now_us)
       fenced = true
       f_out = fence
     end
@@ -112,7 +111,7 @@ for i = 1, items do
   else
     if waiter ~= '' and ARGV[a + 4] == '1' then
       local lease = tonumber(ARGV[a + 5])
-      redis.call('ZADD', KEYS[3], 'NX', string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2])), waiter)
+      redis.call('ZADD', KEYS[3], 'NX', string.format('%d', now_us), waiter)
       redis.call('ZADD', KEYS[4], string.format('%d', now_ms + lease), waiter)
       redis.call('PEXPIRE', KEYS[3], string.format('%d', lease * 2))
       redis.call('PEXPIRE', KEYS[4], string.format('%d', lease * 2))

@@ -4,8 +4,8 @@
 -- The holders' layout and its invariant: sem_acquire.lua. A read-write
 -- lock's readers and writer (rw_acquire.lua) are renewed here too: their
 -- members are bare tokens, with no slot to give back.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+local now_ms = server_time()
 local exp = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not exp then return 0 end
 if tonumber(exp) <= now_ms then

@@ -12,8 +12,9 @@
 -- Returns {0} when no live permit matches, {-1, holder} when the slot's
 -- holder is not ARGV[7], {-2, n} when ARGV[7] alone matches n > 1 permits,
 -- {1, holder, ms left, new fence, audit entry id, slot} when released.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/fence_floor.lua
+local now_ms, now_us = server_time()
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', now_ms), '(1000000000000000', 'WITHSCORES')
 local found, exp, holder, slot, n = nil, nil, nil, nil, 0
 for i = 1, #live, 2 do
@@ -39,8 +40,7 @@ if redis.call('ZCOUNT', KEYS[1], '-inf', '(1000000000000000') == 0 then
 else
   redis.call('ZADD', KEYS[1], string.format('%d', 1e15 + 10000 - tonumber(slot)), 'free:' .. slot)
 end
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = string.format('%d', math.max((tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1, floor))
+local fence = string.format('%d', next_fence(fence_counter(KEYS[2]), now_us))
 redis.call('SET', KEYS[2], fence)
 local left = tonumber(exp) - now_ms
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'resource', ARGV[3],

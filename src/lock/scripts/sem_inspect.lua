@@ -3,8 +3,8 @@
 --       5 stored permit count.
 -- Returns {server ms, stored count or false, fence or false, live waiters,
 --          member, expiry ms, member, expiry ms, ...} for the live holders.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include redis/scripts/server_time.lua
+local now_ms = server_time()
 local out = {now_ms, redis.call('GET', KEYS[5]), redis.call('GET', KEYS[2]),
              redis.call('ZCOUNT', KEYS[4], '(' .. now_ms, '+inf')}
 local h = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '(1e15', 'WITHSCORES')

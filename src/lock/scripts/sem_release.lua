@@ -8,10 +8,10 @@
 --       SPUBLISH (the channel has the hash tag), 4.. members ("<token> <slot>")
 -- Returns, per member, 1 when released, 0 when the permit was not ours (any more).
 -- The holders' layout and its invariant: sem_acquire.lua.
+--#include redis/scripts/server_time.lua
 local FREE = 1e15
 local holders = KEYS[1]
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = server_time()
 local now = string.format('%d', now_ms)
 local out, any = {}, false
 local gone_members, markers = {}, {}

@@ -11,13 +11,14 @@
 --          trusted_by, trusted_at, trusted_why}; outcome is
 -- 'trusted' (written), 'clean' (judge: would be written), 'already' (the record already says intact: nothing
 -- written), 'refused' (signs, no force: nothing written) or 'replica'.
+--#include redis/scripts/server_time.lua
+--#include lock/scripts/epoch_id.lua
 local function field(text, name) return string.match(text, name .. ':([^\r\n]*)') end
 local run_id = field(redis.call('INFO', 'server'), 'run_id') or '?'
 local repl = redis.call('INFO', 'replication')
 local role = field(repl, 'role') or '?'
 local evicted = tonumber(field(redis.call('INFO', 'stats'), 'evicted_keys')) or 0
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, now_us = server_time()
 if role ~= 'master' then return {'replica', '', now, run_id, {}, role, '', '', ''} end
 
 local rec = redis.call('HMGET', KEYS[1], 'run_id', 'evicted', 'until', 'id', 'reason')
@@ -61,7 +62,7 @@ end
 if #signs > 0 and ARGV[1] ~= '1' then return {'refused', rec[4] or '', now, run_id, signs, role, '', '', ''} end
 if ARGV[5] == 'judge' then return {'clean', rec[4] or '', now, run_id, signs, role, '', '', ''} end
 
-local id = run_id:sub(1, 8) .. '.' .. t[1] .. '.' .. t[2]
+local id = epoch_id(run_id, now_us)
 redis.call('HSET', KEYS[1], 'run_id', run_id, 'evicted', evicted, 'until', 0, 'id', id, 'reason', 'trusted as new',
            'trusted_by', ARGV[2], 'trusted_at', string.format('%d', now), 'trusted_why', ARGV[3], 'trusted_id', id,
            'trusted_forced', table.concat(signs, '; '))
