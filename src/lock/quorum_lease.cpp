@@ -11,6 +11,7 @@
 
 #include "jobguard/quorum.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/lease_timeline.hpp"
 #include "lock/quorum_internal.hpp"
 
 namespace jobguard {
@@ -22,50 +23,65 @@ using detail::ExtendTally;
 using detail::extend_all;
 using detail::release_all;
 
+// The lease's decisions (when to renew, when it is lost, how long it is
+// safe) are detail::LeaseTimeline's, as a Lease's are; this shell sends the
+// renewals to every instance, counts the majority and arms the timer on the
+// quorum service's loop.
 struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
   QuorumLock lock;
   LeaseOptions opts;
-  ms period{0}, drift{0};
   std::shared_ptr<QuorumLockService> svc;
   std::atomic<LeaseState> state{LeaseState::active};
-  std::atomic<Clock::rep> safe_until{0};
+  std::atomic<Clock::rep> safe_until{0};  // the timeline's, for other threads
   std::atomic<std::uint64_t> renewals{0};
   std::stop_source stop;
   mutable std::mutex mu;  // reason, on_lost
   std::string reason;
   std::function<void(LeaseState, const std::string&)> on_lost;
   // Touched only on the service's event loop, like everything below.
+  detail::LeaseTimeline tl;
   asio::steady_timer timer;
-  bool renewing = false;
-  Clock::time_point next_renewal{};
-  std::string last_failures;  // the last renewal's unanswered instances, for the reason
+  ExtendTally last;  // the last renewal's answers, for the reason
   std::mt19937_64 rng{std::random_device{}()};
 
   State(QuorumLock l, const LeaseOptions& o)
-      : lock(std::move(l)), opts(o), svc(lock.service_), timer(QuorumLockService::Impl::loop(*svc).get_executor()) {}
+      : lock(std::move(l)),
+        opts(o),
+        svc(lock.service_),
+        tl(config(lock, o), lock.acquired_at()),
+        timer(QuorumLockService::Impl::loop(*svc).get_executor()) {
+    // Extended since its grant: the safe time counts from the extension.
+    const auto extended = lock.valid_until() + lock.drift_ - lock.ttl();
+    if (extended > lock.acquired_at()) {
+      tl.renewal_sent(extended);
+      tl.renewal_succeeded(extended);
+    }
+    safe_until.store(tl.safe_until().time_since_epoch().count());
+  }
   // The lease's own paths release (or not, when lost): never the lock's destructor.
   ~State() { lock.detach(); }
 
-  Clock::time_point until() const { return Clock::time_point(Clock::duration(safe_until.load())); }
-
-  ms jittered() {
-    const double frac = std::clamp(opts.jitter, 0.0, 0.9);
-    std::uniform_real_distribution<double> d(1.0 - frac, 1.0 + frac);
-    return ms(std::max<std::int64_t>(1, static_cast<std::int64_t>(static_cast<double>(period.count()) * d(rng))));
+  // A Lease's timeline, but for the quorum's drift allowance (the lock's,
+  // unless LeaseOptions::drift) and its retry: a quarter period, uncapped.
+  static detail::LeaseTimeline::Config config(const QuorumLock& l, const LeaseOptions& o) {
+    auto c = detail::LeaseTimeline::resolve(l.ttl(), o);
+    c.drift = o.drift.count() > 0 ? o.drift : l.drift_;
+    c.retry_every = std::max(ms(1), c.renew_every / 4);
+    return c;
   }
 
-  std::optional<Clock::time_point> hard() const {
-    if (opts.hard_timeout.count() <= 0) return std::nullopt;
-    return lock.acquired_at() + opts.hard_timeout;
+  Clock::time_point until() const { return Clock::time_point(Clock::duration(safe_until.load())); }
+
+  double jitter() {
+    const double frac = std::clamp(opts.jitter, 0.0, 0.9);
+    return std::uniform_real_distribution<double>(1.0 - frac, 1.0 + frac)(rng);
   }
 
   // Wakes at the next renewal, the end of the safe time or the hard
-  // timeout, whichever is first, so a loss is noticed when it happens even
-  // while a renewal is still out.
+  // timeout, whichever is first (the timeline's next_wake), so a loss is
+  // noticed when it happens even while a renewal is still out.
   void arm() {
-    auto at = std::min(until(), renewing ? until() : next_renewal);
-    if (auto h = hard()) at = std::min(at, *h);
-    timer.expires_at(at);
+    timer.expires_at(tl.next_wake());
     timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (!ec) self->tick();
     });
@@ -74,62 +90,58 @@ struct QuorumLease::State : std::enable_shared_from_this<QuorumLease::State> {
   void tick() {
     if (state.load() != LeaseState::active) return;
     const auto now = Clock::now();
-    if (auto h = hard(); h && now >= *h) {
-      lose(LeaseState::timed_out, fmt::format("quorum lease on {} lost: hard timeout of {} ms", lock.key(),
-                                              opts.hard_timeout.count()));
-      // Still ours: free it for the next holder now rather than at the TTL.
-      release_all(*svc, lock.key(), svc->keys().channel(lock.resource()), lock.token(), lock.instance_timeout_, nullptr);
-      return;
-    }
-    if (now >= until()) {
-      lose(LeaseState::expired, fmt::format("quorum lease on {} lost: no renewal acknowledged by a majority ({} of {}) "
-                                            "within the safe time{}{}",
-                                            lock.key(), svc->quorum(), svc->size(), last_failures.empty() ? "" : "; last: ",
-                                            last_failures));
-      return;
-    }
-    if (!renewing && now >= next_renewal) {
-      renewing = true;
-      const auto sent = now;
+    if (tl.poll(now)) {
+      tl.renewal_sent(now);
       auto self = shared_from_this();
-      extend_all(*svc, lock.key(), lock.token(), lock.ttl(), lock.instance_timeout_, [self, sent](ExtendTally t) {
-        asio::post(self->timer.get_executor(), [self, sent, t = std::move(t)] { self->on_renewed(sent, t); });
+      extend_all(*svc, lock.key(), lock.token(), lock.ttl(), lock.instance_timeout_, [self](ExtendTally t) {
+        asio::post(self->timer.get_executor(), [self, t = std::move(t)] { self->on_renewed(t); });
       });
     }
-    arm();
+    if (publish()) arm();
   }
 
-  void on_renewed(Clock::time_point sent, const ExtendTally& t) {
-    renewing = false;
+  void on_renewed(const ExtendTally& t) {
     if (state.load() != LeaseState::active) return;
     const auto now = Clock::now();
-    if (now >= until()) {
-      // The safe time ran out while the renewal was out: the holder may
-      // already have been told it has none (safe_time_left), so it is lost
-      // even if the renewal then succeeds.
-      lose(LeaseState::expired, fmt::format("quorum lease on {} lost: the safe time ran out before a majority ({} "
-                                            "of {}) acknowledged a renewal",
-                                            lock.key(), svc->quorum(), svc->size()));
-      return;
-    }
-    const auto until_new = sent + lock.ttl() - drift;
     const std::size_t n = svc->size(), q = svc->quorum();
-    if (t.ok >= q && now < until_new) {
-      safe_until.store(std::max(until(), until_new).time_since_epoch().count());
-      renewals.fetch_add(1);
-      next_renewal = sent + jittered();
+    last = t;
+    if (t.ok >= q) {
+      // A reply after the safe time ran out (the holder may have been told
+      // it has none) still loses the lease: the timeline looks at `now`.
+      tl.renewal_succeeded(now, jitter());
+      if (tl.state() == LeaseState::active) renewals.fetch_add(1);
     } else if (t.gone > n - q) {
-      lose(LeaseState::token_gone,
-           fmt::format("quorum lease on {} lost: the token is no longer ours on {} of {} instances (a majority of {} "
-                       "cannot be had)",
-                       lock.key(), t.gone, n, q));
-      return;
+      tl.renewal_token_gone();
     } else {
       // Too few answered: try again soon, until the safe time runs out.
-      next_renewal = now + std::max(ms(1), period / 4);
-      last_failures = t.failures;
+      tl.renewal_failed(now, t.failures);
     }
-    arm();
+    if (publish()) arm();
+  }
+
+  // The timeline's state made visible; false once the lease is lost.
+  bool publish() {
+    safe_until.store(tl.safe_until().time_since_epoch().count());
+    const LeaseState st = tl.state();
+    if (st == LeaseState::active) return true;
+    lose(st, why_lost(st));
+    // Still ours: free it for the next holder now rather than at the TTL.
+    if (st == LeaseState::timed_out)
+      release_all(*svc, lock.key(), svc->keys().channel(lock.resource()), lock.token(), lock.instance_timeout_, nullptr);
+    return false;
+  }
+
+  std::string why_lost(LeaseState st) const {
+    const std::size_t n = svc->size(), q = svc->quorum();
+    if (st == LeaseState::timed_out)
+      return fmt::format("quorum lease on {} lost: hard timeout of {} ms", lock.key(), opts.hard_timeout.count());
+    if (st == LeaseState::token_gone)
+      return fmt::format("quorum lease on {} lost: the token is no longer ours on {} of {} instances (a majority of "
+                         "{} cannot be had)",
+                         lock.key(), last.gone, n, q);
+    return fmt::format("quorum lease on {} lost: no renewal acknowledged by a majority ({} of {}) within the safe "
+                       "time{}{}",
+                       lock.key(), q, n, last.failures.empty() ? "" : "; last: ", last.failures);
   }
 
   void lose(LeaseState st, std::string why) {
@@ -156,11 +168,6 @@ QuorumLease QuorumLease::adopt(QuorumLock lock, const LeaseOptions& opts) {
   if (opts.renew_every.count() < 0 || opts.drift.count() < 0 || opts.hard_timeout.count() < 0)
     throw Error(errc::invalid_argument, "QuorumLease: negative renew_every, drift or hard_timeout");
   auto s = std::make_shared<State>(std::move(lock), opts);
-  s->period = opts.renew_every.count() > 0 ? opts.renew_every : std::max(ms(1), s->lock.ttl() / 3);
-  s->drift = opts.drift.count() > 0 ? opts.drift : s->lock.drift_;
-  // valid_until is the last grant or extension's send time + ttl - the lock's drift.
-  s->safe_until.store((s->lock.valid_until() + s->lock.drift_ - s->drift).time_since_epoch().count());
-  s->next_renewal = s->lock.acquired_at() + s->jittered();
   asio::post(s->timer.get_executor(), [s] { s->tick(); });
   return QuorumLease(std::move(s));
 }
