@@ -168,13 +168,13 @@ class StepClaimPath final : public ClaimPath {
 // errors a class's fail-open policy applies to.
 bool redis_down(const Error& e);
 
-// The runner's path for `backends` (whose worker is set): the one-call path
-// where the class's records and keys lend their pieces on the lock's own
-// server, else StepClaimPath. Throws Error(invalid_argument) for a backend
-// the class's row needs and does not have.
+// The runner's path for `b` (checked against the class's row, its worker
+// set): the one-call path where the class's records and keys lend their
+// pieces on the lock's own server, else StepClaimPath.
 std::unique_ptr<ClaimPath> make_claim_path(LeaseScheduler& leases, const LockClass& cls, const RunnerBackends& b);
 
-// The blocking PostgreSQL steps of the high row.
+// The blocking PostgreSQL steps of the high row (durable_pg.cpp); where
+// jobguard is built without PostgreSQL, Error(invalid_argument).
 std::unique_ptr<DurableSteps> make_pg_steps(const RunnerBackends& b);
 
 // The idempotency key of one step: the same for the one-call claim and
