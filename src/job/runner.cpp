@@ -124,7 +124,11 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
   if (b_.idempotency && cls_.consequence != Consequence::moderate)
     throw bad(fmt::format("an idempotency store is the moderate row's guard, not the {} row's",
                           to_string(cls_.consequence)));
-  own_path_ = make_claim_path(*leases_, cls_, b_);
+  try {
+    own_path_ = make_claim_path(*leases_, cls_, b_);
+  } catch (const Error& e) {
+    throw bad(std::string(e.detail()));  // a high class where jobguard was built without PostgreSQL
+  }
   path_ = own_path_.get();
 }
 
