@@ -66,7 +66,17 @@ echo "== Debian package: build, install, test, remove; in the background ($(date
 setsid nice -n 19 bash -c '
   set -euo pipefail
   bash "$1/scripts/package.sh"
-  bash "$1/scripts/package-test.sh"' _ "$root" >"$root/build-package.log" 2>&1 &
+  bash "$1/scripts/package-test.sh"
+  # Without libpqxx the library still has the guarded runner (job): checked
+  # at configure time only (seconds), the build of those parts being the
+  # same sources the suite builds.
+  cmake -S "$1" -B "$1/build-nopg" -G Ninja -DJOBGUARD_WITH_POSTGRES=OFF >/dev/null
+  targets=$(ninja -C "$1/build-nopg" -t targets all)
+  if ! grep -q "^jobguard_job:" <<<"$targets" || grep -q "^jobguard_pg:" <<<"$targets"; then
+    echo "configured without PostgreSQL: expected jobguard_job and no jobguard_pg"
+    exit 1
+  fi
+  echo "configured without PostgreSQL: jobguard_job without jobguard_pg"' _ "$root" >"$root/build-package.log" 2>&1 &
 package=$!
 # A group that already ended makes kill fail: nothing to stop. The jobs' own
 # results are read by the `wait`s below, not here.
@@ -89,7 +99,7 @@ if ! wait "$package"; then
   exit 1
 fi
 trap - EXIT
-tail -n 1 "$root/build-package.log"
+tail -n 2 "$root/build-package.log"
 tail -n 3 "$root/build-background.log"
 echo "== test (TSan, concurrency tests) ($(date +%T))"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_suite "$root/build-tsan" -L tsan || status=1

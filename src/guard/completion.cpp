@@ -47,6 +47,8 @@ void append_part(std::string& out, std::string_view s) {
 RedisCompletionStore::RedisCompletionStore(redis::Client& client, RedisCompletionOptions options)
     : client_(client), opts_(std::move(options)) {
   if (opts_.retention.count() < 0) throw Error(errc::invalid_argument, "completion retention must be >= 0");
+  piece_ = std::make_shared<const scripts::RecordPiece>(
+      scripts::RecordPiece{&client_, this, std::to_string(opts_.retention.count())});
 }
 
 std::string RedisCompletionStore::key_for(std::string_view job_kind, std::string_view entity,

@@ -59,7 +59,11 @@ void check_begin_args(std::string_view key, std::chrono::milliseconds lease, con
 }  // namespace detail
 
 RedisIdempotencyStore::RedisIdempotencyStore(redis::Client& client, IdempotencyOptions options)
-    : client_(client), opts_(std::move(options)) {}
+    : client_(client), opts_(std::move(options)) {
+  if (opts_.retention.count() > 0)
+    piece_ = std::make_shared<const scripts::KeyPiece>(
+        scripts::KeyPiece{&client_, this, std::to_string(opts_.retention.count())});
+}
 
 namespace {
 

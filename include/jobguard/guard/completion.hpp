@@ -25,6 +25,9 @@ class Client;
 }
 
 namespace jobguard::guard {
+namespace scripts {
+struct RecordPiece;
+}
 
 struct CompletionRecord {
   std::string job_kind{}, entity{}, run_id{};
@@ -59,6 +62,11 @@ class CompletionStore {
                             std::string_view completed_by, std::string_view result, Done<RecordOutcome> done);
   virtual void async_find(std::string_view job_kind, std::string_view entity, std::string_view run_id,
                           Done<std::optional<CompletionRecord>> done);
+  // Internal, for the library's composed scripts (the guarded runner's
+  // one-call claim and finish): where a script may read and write this
+  // store's records itself (include/jobguard/detail/guard_scripts.hpp);
+  // null when it may not, and the records are reached through this interface.
+  virtual const scripts::RecordPiece* script_piece() const noexcept { return nullptr; }
 };
 
 // Table jobguard_completions, unique (job_kind, entity, run_id). Kept forever
@@ -108,14 +116,12 @@ class RedisCompletionStore final : public CompletionStore {
                   Done<std::optional<CompletionRecord>> done) override;
   // Throws Error(invalid_argument) when a part is empty.
   std::string key_for(std::string_view job_kind, std::string_view entity, std::string_view run_id) const;
-  // Internal, for the guarded runner's one-call claim and finish (src/job),
-  // which read and write records inside its own scripts.
-  redis::Client& client() const noexcept { return client_; }
-  const RedisCompletionOptions& options() const noexcept { return opts_; }
+  const scripts::RecordPiece* script_piece() const noexcept override { return piece_.get(); }
 
  private:
   redis::Client& client_;
   RedisCompletionOptions opts_;
+  std::shared_ptr<const scripts::RecordPiece> piece_;
 };
 
 }  // namespace jobguard::guard

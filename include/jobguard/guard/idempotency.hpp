@@ -37,6 +37,9 @@ struct Reply;
 }
 
 namespace jobguard::guard {
+namespace scripts {
+struct KeyPiece;
+}
 
 enum class BeginStatus { claimed, in_progress, completed, fingerprint_conflict };
 const char* to_string(BeginStatus s) noexcept;
@@ -86,6 +89,9 @@ class IdempotencyStore {
   virtual void async_complete(std::string_view key, std::string_view owner, std::string_view result,
                               Done<bool> done);
   virtual void async_abandon(std::string_view key, std::string_view owner, Done<bool> done);
+  // Internal, as CompletionStore::script_piece(): where a composed script
+  // may claim and complete this store's keys itself; null when it may not.
+  virtual const scripts::KeyPiece* script_piece() const noexcept { return nullptr; }
 };
 
 // Table jobguard_idempotency (run `jobguard pg migrate` first).
@@ -123,11 +129,11 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                       Done<bool> done) override;
   void async_abandon(std::string_view key, std::string_view owner, Done<bool> done) override;
 
-  // Internal, for the guarded runner's one-call claim and finish (src/job),
-  // which run this store's scripts inside its own: where a key lives and how
-  // the scripts' replies read (the same parsing as begin() and complete()).
-  redis::Client& client() const noexcept { return client_; }
-  const IdempotencyOptions& options() const noexcept { return opts_; }
+  // Internal, for the library's composed scripts (script_piece()): where a
+  // key lives and how the pieces' replies read (the same parsing as begin()
+  // and complete()). Null when the options keep no completed key (retention
+  // zero), which the composed finish cannot write.
+  const scripts::KeyPiece* script_piece() const noexcept override { return piece_.get(); }
   std::string key_for(std::string_view key) const { return opts_.prefix + std::string(key); }
   static BeginResult parse_begin_reply(const redis::Reply& r);
   // Throws Error(lease_lost) when the key was not `owner`'s to complete.
@@ -136,6 +142,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
  private:
   redis::Client& client_;
   IdempotencyOptions opts_;
+  std::shared_ptr<const scripts::KeyPiece> piece_;
 };
 
 // "host/pid/<16 random hex>": unique per call, readable in `in_progress`.

@@ -49,18 +49,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "jobguard/clock.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/job/lock_class.hpp"
 
 namespace jobguard {
+class Error;
+class Lock;
 class LeaseScheduler;
 struct LockOptions;
 namespace guard {
@@ -75,6 +75,10 @@ struct LockClassMetrics;
 }  // namespace jobguard
 
 namespace jobguard::job {
+
+class ClaimPath;
+struct Claim;
+struct FinishCall;
 
 struct RunnerBackends {
   // Completion records (phases 1 and 4) for low and moderate classes;
@@ -230,29 +234,31 @@ class GuardedRunner {
                                               boost::asio::any_io_executor blocking = {});
   boost::asio::awaitable<RunResult> async_run(Unit unit, Effect effect, boost::asio::any_io_executor blocking);
 
+  // Internal, for the library and the tests of the runner's decisions: every
+  // call a run makes to the lock and the stores goes through `path`
+  // (src/job/claim_path.hpp), which must outlive the runner; `backends`
+  // then carries no store (the log, worker, registry and clock only).
+  GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass cls, RunnerBackends backends, ClaimPath& path);
+
  private:
   struct Attempt;
   struct Body;
+  Error bad(const std::string& what) const;
+  void setup();
+  LockOptions lock_options(const std::string& job_id) const;
   void check(const Unit& unit, bool has_effect) const;
   boost::asio::awaitable<RunResult> run_coro(Unit unit, Body body);
-  std::unique_ptr<guard::PgConnection> take_pg();
-  void give_pg(std::unique_ptr<guard::PgConnection> c);
+  void record_incidents(const Attempt& a, const RunResult& r);
+  boost::asio::awaitable<std::optional<Claim>> claim(Attempt& a);
+  void hold(Attempt& a, Lock lock);
+  void already_done(const Attempt& a, RunResult& r, std::string result) const;
   boost::asio::awaitable<void> run_guarded(Attempt& a, RunResult& r);
-  // `claimed_owner`: the idempotency key was claimed with the lock (the
-  // one-call claim) under this owner.
-  boost::asio::awaitable<bool> run_step(Attempt& a, int chunk, RunResult& r,
-                                        const std::string* claimed_owner = nullptr);
-  // The one-call claim and finish (src/job/fused.cpp's scripts), used when the
-  // class's record and key live in Redis beside its lock.
-  struct Fused;
-  struct FusedClaim;
-  boost::asio::awaitable<FusedClaim> one_call_claim(Attempt& a, const LockOptions& lo);
-  boost::asio::awaitable<bool> one_call_finish(Attempt& a, const std::string& run_id, const std::string& owner,
-                                               bool idem_ok, const std::string& result);
-  boost::asio::awaitable<std::optional<bool>> claim_idempotency(Attempt& a, JobContext& ctx, const std::string& run_id, int chunk,
-                                                 RunResult& r, std::string& owner, bool& idem_ok);
-  boost::asio::awaitable<std::optional<std::string>> find_done(Attempt& a, const std::string& run_id);
-  boost::asio::awaitable<void> record_done(Attempt& a, const std::string& run_id, const std::string& result);
+  void init_context(const Attempt& a, int chunk, const std::string& run_id, JobContext& ctx) const;
+  boost::asio::awaitable<bool> checkpoint_done(Attempt& a, int chunk, const std::string& run_id, RunResult& r);
+  boost::asio::awaitable<std::string> run_effect(Attempt& a, JobContext& ctx, const FinishCall& f);
+  boost::asio::awaitable<bool> run_step(Attempt& a, int chunk, RunResult& r);
+  boost::asio::awaitable<std::optional<bool>> claim_idempotency(Attempt& a, JobContext& ctx, const std::string& run_id,
+                                                                int chunk, RunResult& r, FinishCall& f);
   bool high_step(Attempt& a, JobContext& ctx, const std::string& run_id, int chunk, RunResult& r);
   void emit(const Attempt& a, std::string_view event, std::string_view outcome, std::string_view detail = {});
 
@@ -261,9 +267,8 @@ class GuardedRunner {
   RunnerBackends b_;
   observe::LockClassMetrics* m_ = nullptr;  // b_.registry's (or the service's) numbers of cls_
   const MonotonicClock* clock_ = nullptr;   // b_.clock or the service's
-  std::shared_ptr<const Fused> fused_;      // null: every step is its own call
-  std::mutex pg_mu_;
-  std::vector<std::unique_ptr<guard::PgConnection>> pg_idle_;
+  std::unique_ptr<ClaimPath> own_path_;     // the path built from b_ (null: given one)
+  ClaimPath* path_ = nullptr;               // every call to the lock and the stores
 };
 
 }  // namespace jobguard::job

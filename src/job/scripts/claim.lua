@@ -1,4 +1,4 @@
--- A guarded job's claim in one call (GuardedRunner, one_call_claim): the
+-- A guarded job's claim in one call (the one-call claim path, src/job/claim_one_call.cpp): the
 -- completion record's check, the lock's grant and the idempotency key's
 -- claim, in the order the runner otherwise makes them one call at a time.
 -- Composed (src/job/fused.cpp) after acquire.lua as acquire(KEYS, ARGV) and

@@ -1,4 +1,4 @@
--- A guarded job's finish in one call (GuardedRunner, one_call_finish): the
+-- A guarded job's finish in one call (the one-call claim path, src/job/claim_one_call.cpp): the
 -- idempotency key completed, the completion record written, the lock
 -- released — the runner's order when it makes them one call at a time.
 -- Composed (src/job/fused.cpp) after idempotency_complete.lua as
