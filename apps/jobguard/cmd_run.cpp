@@ -119,7 +119,7 @@ Exit status:
               128+N when it stayed stopped by signal N (149: SIGTTIN)
   0           --once: RUN_ID was already done, CMD skipped
   64          usage: missing --key, CMD or `--`, malformed duration, URL, key
-              or --class, a KEY named twice
+              or --class, a KEY named twice, --json (use --log-format json)
   69          Redis (or PostgreSQL for --once) unavailable: connect failed or
               timed out; fail-closed, CMD not run
   70          the lease was lost while CMD ran (CMD was stopped)
@@ -212,6 +212,8 @@ class Runner {
  private:
   // The run's options from the flags; throws invalid_argument (exit 64).
   job::LockedRunOptions options() const {
+    refuse_json(g_, "run prints nothing of its own on stdout (CMD's output is CMD's); --log-format json makes its "
+                    "log lines on stderr JSON");
     if (a_.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
     job::LockedRunOptions o;
     o.resource = a_.keys.front();
