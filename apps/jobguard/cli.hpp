@@ -26,6 +26,10 @@ namespace jobguard::cli {
 struct Globals {
   std::string redis_url;     // --redis, else $JOBGUARD_REDIS_URL, else redis://127.0.0.1:6379/0
   std::string postgres_url;  // --postgres, else $JOBGUARD_POSTGRES_URL
+  // A URL the user gave, by flag or variable (not the default): what
+  // switches on the optional Redis checks of `policy lint` and makes `demo`
+  // use the user's servers instead of starting its own.
+  bool redis_given = false, postgres_given = false;
   bool json = false;         // --json
   std::string log_format = "human";  // --log-format human|json
 };
@@ -82,6 +86,17 @@ Error connect_error(const Error& e, const std::string& where, std::string_view t
 // `body`, with a jobguard::Error it throws reported as one line
 // "jobguard <name>: <what>" on stderr and mapped to its exit status.
 Action reported(std::string name, Action body);
+
+// --json for a subcommand whose output is not data (`run`: CMD's own; `policy
+// doc`: a page): Error(invalid_argument) "--json: <why>" (exit 64) when it
+// was given, so it is refused, never ignored.
+void refuse_json(const Globals& g, std::string_view why);
+
+// --key-prefix, the one spelling of the key prefix (default "jobguard") for
+// every subcommand that reads or writes keys under it; `alias` (e.g.
+// "--prefix") is accepted too but not shown, for scripts written before.
+CLI::Option* add_key_prefix(CLI::App& sub, std::string& prefix, const std::string& what,
+                            const std::string& alias = {});
 
 // CLI11 validator for durations ("250ms", "30s"): the error names the option.
 CLI::Validator duration_validator();

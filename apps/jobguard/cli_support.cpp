@@ -42,6 +42,17 @@ Error connect_error(const Error& e, const std::string& where, std::string_view t
   return Error(e.code(), fmt::format("cannot use Redis at {}: {}{}", where, e.detail(), then), error_source::redis);
 }
 
+void refuse_json(const Globals& g, std::string_view why) {
+  if (g.json) throw Error(errc::invalid_argument, fmt::format("--json: {}", why));
+}
+
+CLI::Option* add_key_prefix(CLI::App& sub, std::string& prefix, const std::string& what, const std::string& alias) {
+  auto* opt = sub.add_option("--key-prefix", prefix, what)->capture_default_str();
+  // Hidden (an empty group): kept working, no longer taught.
+  if (!alias.empty()) sub.add_option(alias, prefix, what + " (old spelling of --key-prefix)")->group("");
+  return opt;
+}
+
 Action reported(std::string name, Action body) {
   return [name = std::move(name), body = std::move(body)]() -> int {
     try {

@@ -1,7 +1,8 @@
 // `jobguard demo`: the billing scenario, guarded beside naive, on an embedded
-// redis-server unless --redis is given, with the guarded run's completion
-// records in an embedded PostgreSQL unless --postgres is given (or the
-// in-process stand-in, when asked for with --completions memory).
+// redis-server unless a Redis URL is given (--redis or $JOBGUARD_REDIS_URL),
+// with the guarded run's completion records in an embedded PostgreSQL unless
+// a PostgreSQL URL is given likewise (or the in-process stand-in, when asked
+// for with --completions memory).
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -144,10 +145,33 @@ void print_table(const job::BillingDemoResult& res, const std::string& store) {
   std::fputs(out.c_str(), stdout);
 }
 
+// The report --json prints (`postgres`: none, embedded or given).
+nlohmann::json report_json(const job::BillingDemoResult& res, const job::BillingDemoOptions& o, bool embedded_pg) {
+  nlohmann::json j{{"subscriptions", res.subscriptions},
+                   {"workers", res.workers},
+                   {"chunk", res.chunk},
+                   {"scale", res.scale},
+                   {"redis_restarted", res.redis_restarted},
+                   {"completion_store", o.postgres_url.empty() ? "memory" : "postgres"},
+                   {"postgres", o.postgres_url.empty() ? "none" : embedded_pg ? "embedded" : "given"},
+                   {"guarded", run_json(res.guarded)},
+                   {"naive", run_json(res.naive)},
+                   {"metrics",
+                    {{"acquisitions", res.acquisitions},
+                     {"contention", res.contention},
+                     {"p99_hold_s", res.p99_hold_s},
+                     {"leases_lost", res.leases_lost},
+                     {"renewals", res.renewals},
+                     {"redis_errors", res.redis_errors}}}};
+  return j;
+}
+
 int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
-  const bool postgres_given = root->get_option("--postgres")->count() > 0;
-  if (postgres_given && a.completions == "memory")
+  // --completions memory (only ever given explicitly) wins over
+  // $JOBGUARD_POSTGRES_URL, not over an explicit --postgres.
+  if (root->get_option("--postgres")->count() > 0 && a.completions == "memory")
     throw Error(errc::invalid_argument, "--completions memory and --postgres exclude each other");
+  const bool postgres_given = g.postgres_given && a.completions == "postgres";
   job::BillingDemoOptions o;
   o.workers = a.workers;
   o.subscriptions = a.subscriptions;
@@ -175,7 +199,7 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
     embedded_pg->start();
     o.postgres_url = embedded_pg->url();
   }
-  if (root->get_option("--redis")->count() > 0) {
+  if (g.redis_given) {
     o.redis_url = g.redis_url;
   } else {
     embedded.emplace();
@@ -199,24 +223,7 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
   auto res = job::run_billing_demo(o);
   if (bar) std::fputs("\n", stderr);
   if (g.json) {
-    nlohmann::json j{{"subscriptions", res.subscriptions},
-                     {"workers", res.workers},
-                     {"chunk", res.chunk},
-                     {"scale", res.scale},
-                     {"redis_restarted", res.redis_restarted},
-                     {"completion_store", o.postgres_url.empty() ? "memory" : "postgres"},
-                     {"postgres", o.postgres_url.empty()  ? "none"
-                                  : embedded_pg           ? "embedded"
-                                                          : "given"},
-                     {"guarded", run_json(res.guarded)},
-                     {"naive", run_json(res.naive)},
-                     {"metrics",
-                      {{"acquisitions", res.acquisitions},
-                       {"contention", res.contention},
-                       {"p99_hold_s", res.p99_hold_s},
-                       {"leases_lost", res.leases_lost},
-                       {"renewals", res.renewals},
-                       {"redis_errors", res.redis_errors}}}};
+    const auto j = report_json(res, o, embedded_pg.has_value());
     std::fputs((j.dump(2) + "\n").c_str(), stdout);
   } else {
     print_table(res, store_description(a.completions, embedded_pg ? &*embedded_pg : nullptr));
@@ -240,8 +247,9 @@ void add(CLI::App& root, Globals& g, Commands& out) {
       ->capture_default_str()
       ->check(CLI::IsMember({"postgres", "memory"}));
   sub->footer(exit_status_help(
-      "Starts a private redis-server unless --redis is given (then the Redis restart fault is skipped).\n"
-      "The guarded run keeps its completion records in PostgreSQL: the --postgres URL (migrated first), else a\n"
+      "Starts a private redis-server unless --redis (or $JOBGUARD_REDIS_URL) is given (then the Redis restart\n"
+      "fault is skipped). The guarded run keeps its completion records in PostgreSQL: the --postgres URL (or\n"
+      "$JOBGUARD_POSTGRES_URL; migrated first), else a\n"
       "private server the demo starts (initdb in a temporary directory, PostgreSQL 15 from\n"
       "/usr/lib/postgresql/15/bin, a free loopback port) and stops and removes when it ends or is interrupted.\n"
       "Exit status: 0 the scenario ran (its report says how each side did); 130/143 interrupted by\n"

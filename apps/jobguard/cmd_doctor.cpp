@@ -89,7 +89,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   auto* doc = root.add_subcommand("doctor", "Check that Redis (and PostgreSQL) are fit for locks");
   doc->footer(exit_status_help(kDoctorHelp));
   doc->fallthrough();
-  doc->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
+  add_key_prefix(*doc, a->key_prefix, "Key prefix of the locks");
   doc->add_option("--pings", a->pings, "PINGs timed for the latency check")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

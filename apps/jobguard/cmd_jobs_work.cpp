@@ -104,17 +104,9 @@ job::LockClass lock_class(const WorkArgs& a) {
   return cls;
 }
 
-int run_work(const Globals& g, const WorkArgs& a) {
-  // Everything a user can get wrong is checked before touching the network,
-  // so a usage error is 64 even when Redis is down.
-  if (a.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
-  const job::LockClass cls = lock_class(a);
-  job::StreamOptions so;
-  so.stream = a.stream;
-  so.group = a.group;
-  so.claim_idle = flag_ms(a.claim_idle, "--claim-idle");
-  so.max_attempts = a.max_attempts;
-  observe::EventLog log(observe::parse_log_format(g.log_format));
+// The worker's options from the flags (log: where its lines go); throws
+// invalid_argument (exit 64).
+job::WorkerOptions worker_options(const WorkArgs& a, observe::EventLog& log) {
   job::WorkerOptions wo;
   wo.consumer = a.consumer;
   wo.concurrency = a.concurrency;
@@ -138,6 +130,41 @@ int run_work(const Globals& g, const WorkArgs& a) {
     }
   }
   wo.log = &log;
+  return wo;
+}
+
+// The summary --json prints at exit.
+std::string stats_json(const job::WorkerStats& st, bool by_signal) {
+  return nlohmann::ordered_json{{"jobs", st.jobs},
+                                {"completed", st.completed},
+                                {"skipped", st.skipped},
+                                {"failed", st.failed},
+                                {"dead_lettered", st.dead_lettered},
+                                {"left_pending", st.left_pending},
+                                {"unique_released", st.unique_released},
+                                {"unique_conflicts", st.unique_conflicts},
+                                {"unique_reaped", st.unique_reaped},
+                                {"rate_limited", st.rate_limited},
+                                {"rate_wait_ms", st.rate_wait_ms},
+                                {"concurrency_limited", st.concurrency_limited},
+                                {"concurrency_wait_ms", st.concurrency_wait_ms},
+                                {"concurrency_lost", st.concurrency_lost},
+                                {"stopped_by_signal", by_signal}}
+      .dump();
+}
+
+int run_work(const Globals& g, const WorkArgs& a) {
+  // Everything a user can get wrong is checked before touching the network,
+  // so a usage error is 64 even when Redis is down.
+  if (a.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
+  const job::LockClass cls = lock_class(a);
+  job::StreamOptions so;
+  so.stream = a.stream;
+  so.group = a.group;
+  so.claim_idle = flag_ms(a.claim_idle, "--claim-idle");
+  so.max_attempts = a.max_attempts;
+  observe::EventLog log(observe::parse_log_format(g.log_format));
+  job::WorkerOptions wo = worker_options(a, log);
   auto effect = job::run_command({.argv = a.cmd, .grace = flag_ms(a.grace, "--grace")});
   so.validate();
   wo.validate();
@@ -189,26 +216,7 @@ int run_work(const Globals& g, const WorkArgs& a) {
   working.join();
   if (failure) std::rethrow_exception(failure);
 
-  if (g.json) {
-    const auto st = worker.stats();
-    std::cout << nlohmann::ordered_json{{"jobs", st.jobs},
-                                        {"completed", st.completed},
-                                        {"skipped", st.skipped},
-                                        {"failed", st.failed},
-                                        {"dead_lettered", st.dead_lettered},
-                                        {"left_pending", st.left_pending},
-                                        {"unique_released", st.unique_released},
-                                        {"unique_conflicts", st.unique_conflicts},
-                                        {"unique_reaped", st.unique_reaped},
-                                        {"rate_limited", st.rate_limited},
-                                        {"rate_wait_ms", st.rate_wait_ms},
-                                        {"concurrency_limited", st.concurrency_limited},
-                                        {"concurrency_wait_ms", st.concurrency_wait_ms},
-                                        {"concurrency_lost", st.concurrency_lost},
-                                        {"stopped_by_signal", by_signal}}
-                     .dump()
-              << "\n";
-  }
+  if (g.json) std::cout << stats_json(worker.stats(), by_signal) << "\n";
   return exit_code::ok;
 }
 

@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kLocksHelp = R"(Live locks: who holds what, for how much longer; force release.
 
-  jobguard locks ls [--prefix P] [--class C --catalog FILE] [--limit N] [--scan-count 1000]
+  jobguard locks ls [--resource-prefix P] [--class C --catalog FILE] [--limit N] [--scan-count 1000]
   jobguard locks show KEY       (with the permit holders of KEY's semaphore and the
                                 readers / writer of its read-write lock, if any)
   jobguard locks release KEY --reason TEXT [--holder OWNER] [--rw]
@@ -251,12 +251,17 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   locks->footer(exit_status_help(kLocksHelp));
   locks->require_subcommand(1);
   locks->fallthrough();
-  locks->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
+  // Before or after the subcommand's name: `locks --key-prefix P ls` as well.
+  add_key_prefix(*locks, a->key_prefix, "Key prefix of the locks");
 
   auto* ls = locks->add_subcommand("ls", "List held locks (SCAN, never KEYS)");
   ls->fallthrough();
   ls->footer(exit_status_help("Exit status: 0 ok."));
-  ls->add_option("--prefix", a->prefix, "Only resources starting with P");
+  add_key_prefix(*ls, a->key_prefix, "Key prefix of the locks");
+  ls->add_option("--resource-prefix", a->prefix, "Only resources starting with P");
+  // Hidden: the old spelling, kept for scripts; it never meant the key prefix.
+  ls->add_option("--prefix", a->prefix, "Only resources starting with P (old spelling of --resource-prefix)")
+      ->group("");
   ls->add_option("--class", a->cls, "Only locks of class C (needs --catalog)");
   ls->add_option("--catalog", a->catalog, "Lock catalog YAML (classes by key pattern)");
   ls->add_option("--limit", a->limit, "Stop after N locks (0: all)")->capture_default_str();
@@ -269,12 +274,14 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   show->fallthrough();
   show->footer(exit_status_help("Exit status: 0 ok (a free lock is shown as free)."));
   show->add_option("KEY", a->key, "Resource or lock key")->required();
+  add_key_prefix(*show, a->key_prefix, "Key prefix of the locks");
   out.emplace_back(show, [&g, a] { return run_show(g, *a); });
 
   auto* rel = locks->add_subcommand("release", "Force-release a lock: advance its fence, record who/why");
   rel->fallthrough();
   rel->footer(exit_status_help("Exit status: 0 released, or already free; 75 --holder: held by someone else."));
   rel->add_option("KEY", a->key, "Resource or lock key")->required();
+  add_key_prefix(*rel, a->key_prefix, "Key prefix of the locks");
   rel->add_option("--reason", a->reason, "Why (goes into the audit record)")->required();
   rel->add_option("--holder", a->holder, "Release only if this is still the holder (host/pid/job)");
   rel->add_flag("--permit", a->permit, "Release one permit of KEY's semaphore (by --slot and/or --holder)");
@@ -287,6 +294,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   audit->fallthrough();
   audit->footer(exit_status_help("Exit status: 0 ok."));
   audit->add_option("--count", a->count, "Show at most N")->capture_default_str();
+  add_key_prefix(*audit, a->key_prefix, "Key prefix of the locks");
   out.emplace_back(audit, [&g, a] { return run_audit(g, *a); });
 }
 

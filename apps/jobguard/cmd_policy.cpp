@@ -21,8 +21,9 @@ namespace {
 
 constexpr const char* kPolicyHelp = R"(The lock catalog: a YAML file declaring every lock class (docs/operations.md).
 
-  jobguard policy lint FILE [--window 60m]
-                                        check every class; with --redis also
+  jobguard policy lint FILE [--window 60m] [--key-prefix jobguard]
+                                        check every class; with --redis (or
+                                        $JOBGUARD_REDIS_URL) also
                                         refuse a TTL above the URL's max_ttl
                                         and compare each TTL with the fleet's
                                         observed p99 hold time over the window
@@ -35,13 +36,15 @@ declaration that breaks the decision matrix, a TTL (hard timeout for renewing
 classes) under 1.25x the observed p99 hold time. Warning: a TTL over 20x it.
 
 Exit status: 0 no errors (warnings may be printed); 65 at least one error or an
-unreadable FILE; 69 --redis given and Redis unavailable.)";
+unreadable FILE; 69 --redis (or $JOBGUARD_REDIS_URL) given and Redis unavailable;
+64 doc --json.)";
 
 struct PolicyArgs {
   std::string file;
   std::string window = "60m";
   std::string format = "md";
   std::string output;
+  std::string key_prefix = "jobguard";
 };
 
 std::string read_whole(const std::string& path) {
@@ -54,18 +57,22 @@ std::string read_whole(const std::string& path) {
 
 // Each class's p99 hold time as the fleet published it (observe::FleetReader)
 // over the window.
-std::vector<job::ObservedHold> observed_hold_times(const Globals& g, std::chrono::minutes window) {
+std::vector<job::ObservedHold> observed_hold_times(const Globals& g, const PolicyArgs& a,
+                                                  std::chrono::minutes window) {
   const auto client = connect_redis(g, "jobguard-policy");
-  const auto snap = observe::FleetReader(*client).read(window);
+  observe::FleetReaderOptions ro;
+  ro.prefix = a.key_prefix;
+  const auto snap = observe::FleetReader(*client, ro).read(window);
   std::vector<job::ObservedHold> out;
   for (const auto& c : snap.classes)
     if (auto p99 = c.hold_quantile_seconds(0.99)) out.push_back({c.lock_class, *p99, c.counts.hold_count()});
   return out;
 }
 
-int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
+int run_lint(const Globals& g, const PolicyArgs& a) {
   // A bad --window is a usage error even when the file is bad too.
   const auto window = observe::parse_window(a.window);
+  observe::FleetKeys check(a.key_prefix);  // validates --key-prefix before anything is read
   std::string text;
   try {
     text = read_whole(a.file);
@@ -75,10 +82,10 @@ int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
   }
   std::vector<job::CatalogFinding> findings;
   const auto catalog = job::Catalog::check(text, a.file, findings);
-  if (with_redis) {
+  if (g.redis_given) {
     auto more = job::lint_max_ttl(catalog, redis::parse_url(g.redis_url).lock_max_ttl);
     findings.insert(findings.end(), more.begin(), more.end());
-    more = job::lint_hold_times(catalog, observed_hold_times(g, window));
+    more = job::lint_hold_times(catalog, observed_hold_times(g, a, window));
     findings.insert(findings.end(), more.begin(), more.end());
   }
   std::size_t errors = 0;
@@ -103,7 +110,9 @@ int run_lint(const Globals& g, const PolicyArgs& a, bool with_redis) {
   return errors > 0 ? exit_code::data : exit_code::ok;
 }
 
-int run_doc(const PolicyArgs& a) {
+int run_doc(const Globals& g, const PolicyArgs& a) {
+  refuse_json(g, "doc renders the catalog as Markdown or HTML (--format); `policy lint --json` gives its findings "
+                 "as JSON");
   job::Catalog catalog;
   try {
     catalog = job::Catalog::load(a.file);
@@ -128,23 +137,25 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   policy->footer(exit_status_help(kPolicyHelp));
   policy->require_subcommand(1);
   policy->fallthrough();
-  CLI::Option* redis_opt = root.get_option("--redis");
 
   auto* lint = policy->add_subcommand("lint", "Check a lock catalog (exit 65 on errors)");
   lint->fallthrough();
-  lint->footer(exit_status_help("Exit status: 0 no errors (warnings may be printed); 65 at least one error or an unreadable FILE."));
+  lint->footer(exit_status_help("Exit status: 0 no errors (warnings may be printed); 65 at least one error or an unreadable FILE;\n"
+                                "69 --redis (or $JOBGUARD_REDIS_URL) given and Redis unavailable."));
   lint->add_option("FILE", a->file, "Catalog YAML")->required();
   lint->add_option("--window", a->window, "With --redis: the fleet window the p99 is taken over (1m, 5m, 15m, 60m)")
       ->capture_default_str();
-  out.emplace_back(lint, [&g, a, redis_opt] { return run_lint(g, *a, redis_opt->count() > 0); });
+  add_key_prefix(*lint, a->key_prefix, "With --redis: key prefix the processes publish their numbers under");
+  out.emplace_back(lint, [&g, a] { return run_lint(g, *a); });
 
   auto* doc = policy->add_subcommand("doc", "Render a lock catalog as one page");
   doc->fallthrough();
-  doc->footer(exit_status_help("Exit status: 0 rendered; 65 an unreadable or invalid FILE."));
+  doc->footer(exit_status_help("Exit status: 0 rendered; 65 an unreadable or invalid FILE; 64 --json (doc has no "
+                               "JSON form)."));
   doc->add_option("FILE", a->file, "Catalog YAML")->required();
   doc->add_option("--format", a->format, "md or html")->check(CLI::IsMember({"md", "html"}))->capture_default_str();
   doc->add_option("-o,--output", a->output, "Write to OUT instead of stdout");
-  out.emplace_back(doc, [a] { return run_doc(*a); });
+  out.emplace_back(doc, [&g, a] { return run_doc(g, *a); });
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ Exit status:
               128+N when it stayed stopped by signal N (149: SIGTTIN)
   0           --once: RUN_ID was already done, CMD skipped
   64          usage: missing --key, CMD or `--`, malformed duration, URL, key
-              or --class, a KEY named twice
+              or --class, a KEY named twice, --json (use --log-format json)
   69          Redis (or PostgreSQL for --once) unavailable: connect failed or
               timed out; fail-closed, CMD not run
   70          the lease was lost while CMD ran (CMD was stopped)
@@ -177,70 +177,9 @@ class Runner {
   int run() {
     // Everything a user can get wrong is checked before touching the network,
     // so a usage error is 64 even when Redis is down.
-    if (a_.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
-    job::LockedRunOptions o;
-    const std::string& key = a_.keys.front();
-    o.resource = key;
-    const bool several = a_.keys.size() > 1;
-    if (several) {
-      o.more_resources.assign(a_.keys.begin() + 1, a_.keys.end());
-      if (!a_.permits.empty()) throw Error(errc::invalid_argument, "--permits with several --key: a semaphore is on one KEY");
-      if (a_.fair) throw Error(errc::invalid_argument, "--fair with several --key: fair mode queues on one KEY");
-      if (!a_.once.empty()) throw Error(errc::invalid_argument, "--once with several --key: a run record is for one KEY");
-      if (a_.shared || a_.exclusive)
-        throw Error(errc::invalid_argument, fmt::format("{} with several --key: a read-write lock is on one KEY",
-                                                        a_.shared ? "--shared" : "--exclusive"));
-      std::vector<std::string> sorted = a_.keys;
-      std::sort(sorted.begin(), sorted.end());
-      if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
-        throw Error(errc::invalid_argument, fmt::format("--key {} given twice", *d));
-    }
-    o.lock.ttl = parse_duration_ms(a_.ttl, "--ttl");
-    if (o.lock.ttl < milliseconds(10))
-      throw Error(errc::invalid_argument, fmt::format("--ttl {} is below the minimum of 10ms", a_.ttl));
-    o.lock.wait = a_.wait.empty() ? milliseconds(0) : parse_duration_ms(a_.wait, "--wait");
-    o.lock.fence = a_.fence;
-    o.lock.fair = a_.fair;
-    if (!a_.permits.empty()) {
-      int n = 0;
-      const auto* end = a_.permits.data() + a_.permits.size();
-      auto [p, ec] = std::from_chars(a_.permits.data(), end, n);
-      if (ec != std::errc() || p != end || n < 1 || n > LockOptions::kMaxPermits)
-        throw Error(errc::invalid_argument,
-                    fmt::format("--permits {}: must be a whole number in 1..{}", a_.permits, LockOptions::kMaxPermits));
-      if (a_.fair)
-        throw Error(errc::invalid_argument, "--permits with --fair: semaphore permits are always served in order");
-      o.lock.permits = n;
-    }
-    if (a_.shared && a_.exclusive)
-      throw Error(errc::invalid_argument, "--shared with --exclusive: a run is a reader or the writer, not both");
-    if ((a_.shared || a_.exclusive) && !a_.permits.empty())
-      throw Error(errc::invalid_argument, fmt::format("{} with --permits: a read-write lock is not a semaphore",
-                                                      a_.shared ? "--shared" : "--exclusive"));
-    if ((a_.shared || a_.exclusive) && a_.fair)
-      throw Error(errc::invalid_argument, fmt::format("{} with --fair: a read-write lock's line is always served in order",
-                                                      a_.shared ? "--shared" : "--exclusive"));
-    if (a_.shared) o.lock.mode = LockMode::shared;
-    if (a_.exclusive) o.lock.mode = LockMode::exclusive;
-    o.lock.job_id = a_.job_id;
-    try {
-      job::validate_class_name(a_.cls);
-    } catch (const Error& e) {
-      throw Error(errc::invalid_argument, fmt::format("--class: {}", e.detail()));
-    }
-    o.lock.lock_class = a_.cls;
-    o.cmd.argv = a_.cmd;
-    o.cmd.timeout = a_.timeout.empty() ? milliseconds(0) : parse_duration_ms(a_.timeout, "--timeout");
-    o.cmd.grace = parse_duration_ms(a_.grace, "--grace");
-    o.cmd.forward_signals = true;
-    o.cmd.foreground = a_.foreground;
-    if (a_.foreground && !::isatty(STDIN_FILENO))
-      throw Error(errc::invalid_argument, "--foreground: standard input is not a terminal");
-    if (!a_.once.empty() && (a_.once.find_first_of(" \t\r\n") != std::string::npos || a_.once.size() > 512))
-      throw Error(errc::invalid_argument, fmt::format("--once \"{}\": a run id must be 1..512 bytes without whitespace", a_.once));
-    o.run_id = a_.once;
+    job::LockedRunOptions o = options();
     KeyBuilder keys;
-    for (const auto& k : a_.keys) KeyBuilder::validate_resource(k);  // names the key and the offending character
+    const std::string& key = a_.keys.front();
     rep_.key = !a_.permits.empty() ? keys.permit_holders_key(key)
                : a_.shared           ? keys.rw_readers_key(key)
                : a_.exclusive        ? keys.rw_writer_key(key)
@@ -267,8 +206,91 @@ class Runner {
     std::unique_ptr<guard::CompletionStore> done_store;
     if (!a_.once.empty()) done_store = open_completion_store(client);
     o.once = done_store.get();
+    return status_of(job::run_locked(client, keys, std::move(o), std::ref(rep_)));
+  }
 
-    const auto r = job::run_locked(client, keys, std::move(o), std::ref(rep_));
+ private:
+  // The run's options from the flags; throws invalid_argument (exit 64).
+  job::LockedRunOptions options() const {
+    refuse_json(g_, "run prints nothing of its own on stdout (CMD's output is CMD's); --log-format json makes its "
+                    "log lines on stderr JSON");
+    if (a_.cmd.empty()) throw Error(errc::invalid_argument, "no CMD given: put the command after `--`");
+    job::LockedRunOptions o;
+    o.resource = a_.keys.front();
+    if (a_.keys.size() > 1) {
+      check_several();
+      o.more_resources.assign(a_.keys.begin() + 1, a_.keys.end());
+    }
+    o.lock.ttl = parse_duration_ms(a_.ttl, "--ttl");
+    if (o.lock.ttl < milliseconds(10))
+      throw Error(errc::invalid_argument, fmt::format("--ttl {} is below the minimum of 10ms", a_.ttl));
+    o.lock.wait = a_.wait.empty() ? milliseconds(0) : parse_duration_ms(a_.wait, "--wait");
+    o.lock.fence = a_.fence;
+    o.lock.fair = a_.fair;
+    lock_kind(o.lock);
+    o.lock.job_id = a_.job_id;
+    try {
+      job::validate_class_name(a_.cls);
+    } catch (const Error& e) {
+      throw Error(errc::invalid_argument, fmt::format("--class: {}", e.detail()));
+    }
+    o.lock.lock_class = a_.cls;
+    o.cmd.argv = a_.cmd;
+    o.cmd.timeout = a_.timeout.empty() ? milliseconds(0) : parse_duration_ms(a_.timeout, "--timeout");
+    o.cmd.grace = parse_duration_ms(a_.grace, "--grace");
+    o.cmd.forward_signals = true;
+    o.cmd.foreground = a_.foreground;
+    if (a_.foreground && !::isatty(STDIN_FILENO))
+      throw Error(errc::invalid_argument, "--foreground: standard input is not a terminal");
+    if (!a_.once.empty() && (a_.once.find_first_of(" \t\r\n") != std::string::npos || a_.once.size() > 512))
+      throw Error(errc::invalid_argument, fmt::format("--once \"{}\": a run id must be 1..512 bytes without whitespace", a_.once));
+    o.run_id = a_.once;
+    for (const auto& k : a_.keys) KeyBuilder::validate_resource(k);  // names the key and the offending character
+    return o;
+  }
+
+  // Several --key: all or none of plain locks, so nothing that is about one KEY.
+  void check_several() const {
+    if (!a_.permits.empty()) throw Error(errc::invalid_argument, "--permits with several --key: a semaphore is on one KEY");
+    if (a_.fair) throw Error(errc::invalid_argument, "--fair with several --key: fair mode queues on one KEY");
+    if (!a_.once.empty()) throw Error(errc::invalid_argument, "--once with several --key: a run record is for one KEY");
+    if (a_.shared || a_.exclusive)
+      throw Error(errc::invalid_argument, fmt::format("{} with several --key: a read-write lock is on one KEY",
+                                                      a_.shared ? "--shared" : "--exclusive"));
+    std::vector<std::string> sorted = a_.keys;
+    std::sort(sorted.begin(), sorted.end());
+    if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end())
+      throw Error(errc::invalid_argument, fmt::format("--key {} given twice", *d));
+  }
+
+  // A lock, a semaphore's permit (--permits) or a read-write lock's reader or
+  // writer (--shared, --exclusive): one of them.
+  void lock_kind(LockOptions& lock) const {
+    if (!a_.permits.empty()) {
+      int n = 0;
+      const auto* end = a_.permits.data() + a_.permits.size();
+      auto [p, ec] = std::from_chars(a_.permits.data(), end, n);
+      if (ec != std::errc() || p != end || n < 1 || n > LockOptions::kMaxPermits)
+        throw Error(errc::invalid_argument,
+                    fmt::format("--permits {}: must be a whole number in 1..{}", a_.permits, LockOptions::kMaxPermits));
+      if (a_.fair)
+        throw Error(errc::invalid_argument, "--permits with --fair: semaphore permits are always served in order");
+      lock.permits = n;
+    }
+    if (a_.shared && a_.exclusive)
+      throw Error(errc::invalid_argument, "--shared with --exclusive: a run is a reader or the writer, not both");
+    const char* rw = a_.shared ? "--shared" : "--exclusive";
+    if ((a_.shared || a_.exclusive) && !a_.permits.empty())
+      throw Error(errc::invalid_argument, fmt::format("{} with --permits: a read-write lock is not a semaphore", rw));
+    if ((a_.shared || a_.exclusive) && a_.fair)
+      throw Error(errc::invalid_argument,
+                  fmt::format("{} with --fair: a read-write lock's line is always served in order", rw));
+    if (a_.shared) lock.mode = LockMode::shared;
+    if (a_.exclusive) lock.mode = LockMode::exclusive;
+  }
+
+  // The exit status of a run that got as far as the lock (see kRunHelp).
+  static int status_of(const job::LockedRunResult& r) {
     using S = job::LockedRunResult::Status;
     if (r.status == S::busy) return exit_code::busy;
     if (r.status == S::skipped) return exit_code::ok;
@@ -283,7 +305,6 @@ class Runner {
     return r.outcome.status.shell_status();
   }
 
- private:
   std::unique_ptr<guard::CompletionStore> open_completion_store(redis::Client& client) {
     if (g_.postgres_url.empty()) return std::make_unique<guard::RedisCompletionStore>(client);
     guard::PgOptions po;

@@ -172,7 +172,7 @@ void add(CLI::App& root, Globals& g, Commands& out) {
                   "jobguard_lock_class_ttl_seconds / _max_hold_seconds gauges");
   sub->add_option("--stream", a->streams, "A job stream the dashboard shows (repeatable)");
   sub->add_option("--group", a->group, "Consumer group of the streams")->capture_default_str();
-  sub->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks")->capture_default_str();
+  add_key_prefix(*sub, a->key_prefix, "Key prefix of the locks");
   sub->footer(exit_status_help(
       "Endpoints: GET /metrics (Prometheus text 0.0.4), GET /metrics.json, GET /healthz (200 \"ok\" while Redis "
       "answers PING, else 503 with the reason), GET / (the dashboard) and the JSON API under /api "

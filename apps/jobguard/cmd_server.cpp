@@ -132,14 +132,16 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   auto* server = root.add_subcommand("server", "Operations on the lock Redis itself (server trust)");
   server->require_subcommand(1);
   server->fallthrough();
+  server->footer(exit_status_help(
+      "  jobguard server trust [--reason TEXT] [--force] [--key-prefix jobguard]\n\n"
+      "Exit status: 0 trusted or already trusted; 1 refused (signs of having served locks)."));
   auto a = std::make_shared<TrustArgs>();
   auto* trust = server->add_subcommand("trust", "Record a Redis just provisioned as intact: no first-minute quarantine");
   trust->footer(exit_status_help(kTrustHelp));
   trust->fallthrough();
   trust->add_option("--reason", a->reason, "Why: kept in the lock-state record and the log line");
   trust->add_flag("--force", a->force, "Trust it in spite of signs of having served locks (they are recorded)");
-  trust->add_option("--key-prefix", a->key_prefix, "Key prefix of the locks: a key under it is a sign")
-      ->capture_default_str();
+  add_key_prefix(*trust, a->key_prefix, "Key prefix of the locks: a key under it is a sign");
   out.emplace_back(trust, reported("server trust", [&g, a] { return run_trust(g, *a); }));
 }
 

@@ -34,7 +34,7 @@ std::string ms_text(std::optional<double> seconds) {
 
 int stats(const Globals& g, const StatsArgs& a) {
   const auto window = observe::parse_window(a.window);  // invalid_argument -> 64
-  observe::FleetKeys check(a.prefix);                   // validates --prefix before any network call
+  observe::FleetKeys check(a.prefix);                   // validates --key-prefix before any network call
   auto conn = redis::parse_url(g.redis_url);
   if (conn.client_name.empty()) conn.client_name = "jobguard-stats";
   redis::Client client(conn);
@@ -86,7 +86,7 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   auto a = std::make_shared<StatsArgs>();
   sub->add_option("--window", a->window, "1m, 5m, 15m or 60m")->capture_default_str();
   sub->add_option("--class", a->lock_class, "Only this lock class");
-  sub->add_option("--prefix", a->prefix, "Key prefix the processes use")->capture_default_str();
+  add_key_prefix(*sub, a->prefix, "Key prefix the processes use", "--prefix");
   sub->footer(exit_status_help(
       "Per class: acquisitions/s, contention (share of acquire calls that met a busy answer), hold time p50/p99/avg "
       "(from the merged histograms), expired locks per minute (leases lost + releases that found the key gone or "

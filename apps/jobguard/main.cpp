@@ -90,6 +90,46 @@ void apply_redis_password(Globals& g, const std::string& file) {
   }
 }
 
+// --redis, --redis-password-file and --postgres, their defaults from the
+// environment.
+struct UrlOptions {
+  CLI::Option* redis = nullptr;
+  CLI::Option* postgres = nullptr;
+};
+UrlOptions add_url_options(CLI::App& app, Globals& g, std::string& password_file) {
+  if (const char* env = std::getenv("JOBGUARD_REDIS_URL"); env && *env) {
+    g.redis_url = env;
+    g.redis_given = true;
+  } else {
+    g.redis_url = "redis://127.0.0.1:6379/0";
+  }
+  if (const char* env = std::getenv("JOBGUARD_POSTGRES_URL"); env && *env) {
+    g.postgres_url = env;
+    g.postgres_given = true;
+  }
+  // The default shown by --help is redacted: $JOBGUARD_REDIS_URL often
+  // carries a password, and help text ends up in terminals and bug reports.
+  UrlOptions o;
+  o.redis = app.add_option("--redis", g.redis_url, "Redis URL (redis:// or rediss://); default $JOBGUARD_REDIS_URL")
+      ->default_str(jobguard::redact_url(g.redis_url));
+  app.add_option("--redis-password-file", password_file,
+                 "Read the Redis password from FILE (one trailing newline dropped) instead of the URL; "
+                 "or set $JOBGUARD_REDIS_PASSWORD");
+  o.postgres = app.add_option("--postgres", g.postgres_url,
+                 "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL (keep its password in $PGPASSWORD or ~/.pgpass, "
+                 "which libpq reads)")
+      ->default_str(jobguard::redact_url(g.postgres_url));
+  return o;
+}
+
+// "locks ls" for `ls` under `locks`: the words the user typed to reach it.
+std::string command_path(const CLI::App* sub) {
+  std::string path = sub->get_name();
+  for (const CLI::App* p = sub->get_parent(); p != nullptr && p->get_parent() != nullptr; p = p->get_parent())
+    path = p->get_name() + " " + path;
+  return path;
+}
+
 }  // namespace
 
 }  // namespace jobguard::cli
@@ -103,21 +143,8 @@ int main(int argc, char** argv) {
       "Exit status: CMD's own status when `run` ran it to the end; 0 ok; 65 bad input file;\n"
       "70 lease lost; 75 lock busy; 124 hard timeout (each subcommand's --help says which it uses)."));
   Globals g;
-  if (const char* env = std::getenv("JOBGUARD_REDIS_URL"); env && *env) g.redis_url = env;
-  else g.redis_url = "redis://127.0.0.1:6379/0";
-  if (const char* env = std::getenv("JOBGUARD_POSTGRES_URL"); env && *env) g.postgres_url = env;
-  // The default shown by --help is redacted: $JOBGUARD_REDIS_URL often
-  // carries a password, and help text ends up in terminals and bug reports.
-  app.add_option("--redis", g.redis_url, "Redis URL (redis:// or rediss://); default $JOBGUARD_REDIS_URL")
-      ->default_str(jobguard::redact_url(g.redis_url));
   std::string redis_password_file;
-  app.add_option("--redis-password-file", redis_password_file,
-                 "Read the Redis password from FILE (one trailing newline dropped) instead of the URL; "
-                 "or set $JOBGUARD_REDIS_PASSWORD");
-  app.add_option("--postgres", g.postgres_url,
-                 "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL (keep its password in $PGPASSWORD or ~/.pgpass, "
-                 "which libpq reads)")
-      ->default_str(jobguard::redact_url(g.postgres_url));
+  const auto urls = add_url_options(app, g, redis_password_file);
   app.add_flag("--json", g.json, "Machine-readable JSON output");
   app.add_option("--log-format", g.log_format, "Log lines on stderr: human or json")
       ->check(CLI::IsMember({"human", "json"}));
@@ -146,6 +173,8 @@ int main(int argc, char** argv) {
     std::cerr << "jobguard: " << jobguard::escape_controls(e.what()) << "\n";
     return exit_code::usage;
   }
+  g.redis_given = g.redis_given || urls.redis->count() > 0;
+  g.postgres_given = g.postgres_given || urls.postgres->count() > 0;
   try {
     apply_redis_password(g, redis_password_file);
   } catch (const jobguard::Error& e) {
@@ -154,16 +183,17 @@ int main(int argc, char** argv) {
   }
   for (auto& [sub, action] : actions) {
     if (sub->parsed()) {
+      const std::string name = command_path(sub);
       try {
         return action();
       } catch (const jobguard::Error& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
+        std::cerr << "jobguard " << name << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_status_for(e);
       } catch (const CLI::ParseError& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
+        std::cerr << "jobguard " << name << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::usage;
       } catch (const std::exception& e) {
-        std::cerr << "jobguard " << sub->get_name() << ": " << jobguard::escape_controls(e.what()) << "\n";
+        std::cerr << "jobguard " << name << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::unavailable;
       }
     }

@@ -113,7 +113,7 @@ function mostWithin(t, w) {
   return most;
 }
 
-// As jobguard's bench_rate.cpp: the starts' rate from the first to the last
+// As jobguard's apps/jobguard/bench/rate.cpp: the starts' rate from the first to the last
 // (k whole periods), the most in any one period and in any tenth of one.
 function pace(starts, { max, duration }) {
   const t = Float64Array.from(starts).sort();

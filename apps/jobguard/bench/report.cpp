@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "bench_ops.hpp"
+#include "harness.hpp"
 
-namespace jobguard::cli::bench {
+namespace jobguard::bench {
 
 nlohmann::json summarize(const Phase& p) {
   auto lat = p.latencies_us;
@@ -116,4 +116,4 @@ std::string contention_text(const ContentionConfig& cfg, const nlohmann::json& j
   return out;
 }
 
-}  // namespace jobguard::cli::bench
+}  // namespace jobguard::bench

@@ -1,6 +1,6 @@
-// `jobguard bench --jobs M --rate N/PERIOD` (bench_rate.hpp): the stream
+// `jobguard bench --jobs M --rate N/PERIOD` (rate.hpp): the stream
 // worker's rate limits (job/limits.hpp), their cost and their pace.
-#include "bench_rate.hpp"
+#include "rate.hpp"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include <future>
 #include <mutex>
 
-#include "bench_ops.hpp"
+#include "harness.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
@@ -25,7 +25,7 @@
 namespace asio = boost::asio;
 using namespace std::chrono;
 
-namespace jobguard::cli::bench {
+namespace jobguard::bench {
 namespace {
 
 std::int64_t now_us() { return duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count(); }
@@ -253,4 +253,4 @@ std::string rate_text(const nlohmann::json& j) {
   return out;
 }
 
-}  // namespace jobguard::cli::bench
+}  // namespace jobguard::bench

@@ -1,7 +1,7 @@
-// The engine behind `jobguard bench`: W callers on one client, as coroutines
-// on the client's event loop (like async workers in Node) or as blocking
-// threads. One Runner keeps one client, so every phase of a run uses the
-// same connections.
+// The benchmarks' engine (bench.hpp is what the CLI calls): W callers on one
+// client, as coroutines on the client's event loop (like async workers in
+// Node) or as blocking threads. One Runner keeps one client, so every phase
+// of a run uses the same connections.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -14,11 +14,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"
 
-namespace jobguard::cli::bench {
+namespace jobguard::bench {
 
 enum class Op {
   raw_set,    // SET key v NX PX 30000 on distinct keys
@@ -41,21 +42,10 @@ struct Phase {
   std::vector<float> latencies_us;
 };
 
-bool lock_ops_available();
-
-// `jobguard bench --contention`: W workers contend for ONE resource, each
-// with its own Client (its own connection and event loop) and LockService, as
-// separate worker processes would; each loops acquire (waiting) -> hold ->
-// release. All workers are threads of this process, so one monotonic clock
-// times the handoff from one worker's release to the next worker's grant.
-struct ContentionConfig {
-  int workers = 8;
-  std::chrono::duration<double> seconds{5};
-  std::chrono::microseconds hold{1000};
-  bool fair = false;
-  std::string resource = "bench:contention";  // key jobguard:lock:{bench:contention}, as bench/peers/contention.js
-};
-
+// contention(): each worker has its own Client (its own connection and event
+// loop) and LockService, as separate worker processes would. All workers are
+// threads of this process, so one monotonic clock times the handoff from one
+// worker's release to the next worker's grant.
 struct ContentionWorker {
   std::uint64_t count = 0, errors = 0;
   std::vector<float> waits_us;  // acquire call -> grant, per critical section
@@ -75,27 +65,8 @@ struct ContentionResult {
 // Throws Error(redis_unavailable) when a worker cannot connect.
 ContentionResult run_contention(const redis::ConnectionOptions& opts, const ContentionConfig& cfg);
 
-// `jobguard bench --jobs M`: M guarded no-op jobs (moderate class: lock +
-// idempotency key + completion record) through job::StreamWorker at each
-// concurrency, and the same jobs through bare XREADGROUP + XACK in the same
-// run (the ceiling). JSON with guarded/bare (the last concurrency's) and runs.
-struct JobsConfig {
-  int jobs = 20000;
-  std::vector<int> concurrency{1, 64};
-  // Every guarded job enqueued unique (until-executed, one lock per job id,
-  // released by the worker at the ack): the peer of BullMQ's deduplication.
-  bool unique = false;
-};
+// The JSON of jobs() and leases(), without the text.
 nlohmann::json run_jobs(const redis::ConnectionOptions& opts, const JobsConfig& cfg);
-
-// `jobguard bench --leases N`: N live leases held by one LeaseScheduler for
-// `hold`; renewals/s, this process's CPU (rusage) and the server's (INFO cpu)
-// over the hold, leases lost.
-struct LeasesConfig {
-  int leases = 100000;
-  std::chrono::milliseconds ttl{30000};
-  std::chrono::milliseconds hold{60000};
-};
 nlohmann::json run_leases(const redis::ConnectionOptions& opts, const LeasesConfig& cfg);
 
 // The f-quantile (0..1) of `v`; 0 when empty.
@@ -140,4 +111,4 @@ class Runner {
 // summed over `nodes` (Client::primaries() on a cluster; empty = the one server).
 double server_cpu_seconds(redis::Client& c, const std::vector<std::string>& nodes = {});
 
-}  // namespace jobguard::cli::bench
+}  // namespace jobguard::bench

@@ -6,7 +6,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
-#include "bench_ops.hpp"
+#include "harness.hpp"
 
 #include <fmt/format.h>
 
@@ -28,7 +28,7 @@
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
-namespace jobguard::cli::bench {
+namespace jobguard::bench {
 namespace {
 
 // The raw pair sends the lock's own release script by hand, so the library's
@@ -63,8 +63,6 @@ struct WorkerResult {
 };
 
 }  // namespace
-
-bool lock_ops_available() { return true; }
 
 Runner::Runner(const redis::ConnectionOptions& opts, Config cfg) : cfg_(cfg) {
   client_ = std::make_unique<redis::Client>(ctx_, opts);
@@ -245,128 +243,4 @@ Phase Runner::run_threads(Op op) {
   return collect(results, start, before, client_->stats());
 }
 
-ContentionResult run_contention(const redis::ConnectionOptions& opts, const ContentionConfig& cfg) {
-  const auto n = static_cast<std::size_t>(cfg.workers);
-  // Declared before the services: a LockService refers to its Client, so the
-  // services (and every Lock, which shares its service) must go first.
-  std::vector<std::unique_ptr<redis::Client>> clients;
-  std::vector<std::shared_ptr<LockService>> services;
-  struct Teardown {
-    std::vector<std::shared_ptr<LockService>>& s;
-    std::vector<std::unique_ptr<redis::Client>>& c;
-    ~Teardown() {
-      s.clear();
-      c.clear();
-    }
-  } teardown{services, clients};
-  for (std::size_t w = 0; w < n; ++w) {
-    clients.push_back(std::make_unique<redis::Client>(opts));
-    services.push_back(LockService::create(*clients.back()));
-  }
-  for (auto& c : clients)
-    if (!c->wait_connected(opts.connect_timeout * 2))
-      throw Error(errc::redis_unavailable, fmt::format("cannot connect to {}", redis::to_display_url(opts)));
-
-  // Start from a free lock and an empty fair queue (a previous run's waiters
-  // could otherwise hold places at the head until their leases expire).
-  const KeyBuilder& keys = services[0]->keys();
-  clients[0]->exec(redis::Command{"DEL", keys.lock_key(cfg.resource), keys.queue_key(cfg.resource),
-                                  keys.queue_expiry_key(cfg.resource)});
-
-  ContentionResult res;
-  res.workers.resize(n);
-  // Handoff bookkeeping, written only by the holder of the lock; the mutex
-  // makes that visible to the next holder (and lets us count overlaps, which
-  // would mean the lock failed).
-  std::mutex mu;
-  int holder = -1, last_holder = -1;
-  std::optional<Clock::time_point> last_release_sent;
-
-  const auto start = Clock::now();
-  const auto end = start + std::chrono::duration_cast<Clock::duration>(cfg.seconds);
-  auto worker = [&](std::size_t w) {
-    ContentionWorker& me = res.workers[w];
-    me.waits_us.reserve(1 << 14);
-    LockService& svc = *services[w];
-    auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
-    for (;;) {
-      const auto t0 = Clock::now();
-      if (t0 >= end) break;
-      LockOptions lo;
-      lo.ttl = std::chrono::milliseconds(30000);
-      lo.fair = cfg.fair;
-      lo.lock_class = "bench-contention";
-      // Wait as long as the run lasts: a worker that gives up early would
-      // hide exactly the starvation we are here to measure.
-      lo.wait = std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(end - t0));
-      std::optional<Lock> lock;
-      try {
-        lock = svc.acquire(cfg.resource, lo);
-      } catch (const Error& e) {
-        {
-          std::lock_guard<std::mutex> g(mu);
-          ++me.errors;
-          if (res.first_error.empty()) res.first_error = e.what();
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        continue;
-      }
-      const auto got = Clock::now();
-      if (!lock) {
-        me.longest_wait_us = std::max(me.longest_wait_us, us(got - t0));
-        break;
-      }
-      if (got >= end) {
-        // Granted after the end: the wait counted lasted up to the end.
-        me.longest_wait_us = std::max(me.longest_wait_us, us(end - t0));
-        try {
-          lock->release();
-        } catch (const Error&) {
-        }
-        break;
-      }
-      {
-        std::lock_guard<std::mutex> g(mu);
-        if (holder != -1) ++res.overlaps;
-        holder = static_cast<int>(w);
-        if (last_release_sent) {
-          const auto h = static_cast<float>(us(got - *last_release_sent));
-          res.handoffs_us.push_back(h);
-          if (last_holder == static_cast<int>(w)) ++res.self_handoffs;
-          else res.other_handoffs_us.push_back(h);
-        }
-      }
-      ++me.count;
-      me.waits_us.push_back(static_cast<float>(us(got - t0)));
-      me.longest_wait_us = std::max(me.longest_wait_us, us(got - t0));
-      std::this_thread::sleep_for(cfg.hold);
-      {
-        std::lock_guard<std::mutex> g(mu);
-        holder = -1;
-        last_holder = static_cast<int>(w);
-        // Sent, not answered: the next grant can only happen after the
-        // release ran, so grant-received minus release-sent is never negative
-        // (the same definition as bench/peers/contention.js).
-        last_release_sent = Clock::now();
-      }
-      try {
-        if (!lock->release()) {
-          std::lock_guard<std::mutex> g(mu);
-          ++me.errors;
-          if (res.first_error.empty()) res.first_error = "release found the lock no longer ours";
-        }
-      } catch (const Error& e) {
-        std::lock_guard<std::mutex> g(mu);
-        ++me.errors;
-        if (res.first_error.empty()) res.first_error = e.what();
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  for (std::size_t w = 0; w < n; ++w) threads.emplace_back(worker, w);
-  for (auto& t : threads) t.join();
-  res.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  return res;
-}
-
-}  // namespace jobguard::cli::bench
+}  // namespace jobguard::bench

@@ -11,7 +11,7 @@
 #include "jobguard/job/limits.hpp"
 #include "jobguard/redis/client.hpp"
 
-namespace jobguard::cli::bench {
+namespace jobguard::bench {
 
 struct RateConfig {
   // Overhead: M guarded no-op jobs at each concurrency, unlimited, under one
@@ -33,4 +33,4 @@ nlohmann::json run_rate(const redis::ConnectionOptions& opts, const RateConfig& 
 // The same as text, one line a figure.
 std::string rate_text(const nlohmann::json& j);
 
-}  // namespace jobguard::cli::bench
+}  // namespace jobguard::bench

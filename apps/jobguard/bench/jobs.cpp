@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "bench_ops.hpp"
+#include "harness.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
@@ -26,7 +26,7 @@
 namespace asio = boost::asio;
 using namespace std::chrono;
 
-namespace jobguard::cli::bench {
+namespace jobguard::bench {
 namespace {
 
 using Clock = steady_clock;
@@ -254,4 +254,34 @@ nlohmann::json run_leases(const redis::ConnectionOptions& opts, const LeasesConf
           {"lost", lost}};
 }
 
-}  // namespace jobguard::cli::bench
+Report jobs(const redis::ConnectionOptions& opts, const JobsConfig& cfg) {
+  Report rep;
+  rep.json = run_jobs(opts, cfg);
+  std::string runs;
+  for (const auto& [name, list] : {std::pair{"guarded", rep.json["runs"]}, std::pair{"bare", rep.json["bare_runs"]}})
+    for (const auto& r : list)
+      runs += fmt::format("  {:<8} concurrency {:>4}: {:>9.0f} jobs/s   enqueue->ack p50 {:>8.1f} ms p99 {:>8.1f} ms\n",
+                          name, r["concurrency"].get<int>(), r["jobs_per_s"].get<double>(),
+                          r["enqueue_to_ack_p50_ms"].get<double>(), r["enqueue_to_ack_p99_ms"].get<double>());
+  rep.text = fmt::format("jobguard bench --jobs {}: guarded = StreamWorker, moderate class (lock + idempotency key + "
+                         "completion record{}), no-op effect; bare = XREADGROUP + XACK\n{}  guarded/bare = {:.3f}\n",
+                         cfg.jobs, cfg.unique ? "; enqueued unique, until-executed" : "", runs,
+                         rep.json["guarded_over_bare"].get<double>());
+  rep.json["redis"] = redis::to_display_url(opts);
+  return rep;
+}
+
+Report leases(const redis::ConnectionOptions& opts, const LeasesConfig& cfg) {
+  Report rep;
+  rep.json = run_leases(opts, cfg);
+  const auto& j = rep.json;
+  rep.text = fmt::format("jobguard bench --leases {}: TTL {} ms, held {:.1f} s: {:.0f} renewals/s, client CPU {:.2f}% "
+                         "of a core, server CPU {:.2f}%, lost {}\n",
+                         cfg.leases, j["ttl_ms"].get<std::int64_t>(), j["seconds"].get<double>(),
+                         j["renewals_per_s"].get<double>(), j["client_cpu_pct"].get<double>(),
+                         j["server_cpu_pct"].get<double>(), j["lost"].get<std::uint64_t>());
+  rep.json["redis"] = redis::to_display_url(opts);
+  return rep;
+}
+
+}  // namespace jobguard::bench
