@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <vector>
 
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
@@ -59,6 +61,40 @@ TEST_F(ConcurrencyCli, UsageErrorsAre64NamingTheFlagBeforeAnythingConnects) {
   }
 }
 
+// Processes running the job script (their command line names `log`) whose
+// ancestry reaches none of `live`: a dead worker's CMDs still running.
+int orphans_of(const std::set<pid_t>& live, const std::string& log) {
+  const auto parent = [](pid_t pid) -> pid_t {
+    std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(st, line)) return 0;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    return state == 'Z' ? 0 : ppid;
+  };
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.find(log) == std::string::npos) continue;
+    pid_t p = static_cast<pid_t>(std::stol(name));
+    if (parent(p) == 0) continue;  // gone or a zombie: not running
+    bool owned = false;
+    for (int hops = 0; p > 1 && hops < 64 && !owned; ++hops) {
+      owned = live.count(p) > 0;
+      p = parent(p);
+    }
+    if (!owned) ++n;
+  }
+  return n;
+}
+
 TEST_F(ConcurrencyCli, EightWorkersOneKilledNeverRunMoreThanTheLimitOfAKeyAndLoseNoJob) {
   // The shape: 8 workers, 200 jobs over 10 keys, 2 per key.
   // JOBGUARD_CONCURRENCY_FAULT_ROUNDS=N runs it N times over (a soak).
@@ -86,6 +122,16 @@ TEST_F(ConcurrencyCli, EightWorkersOneKilledNeverRunMoreThanTheLimitOfAKeyAndLos
   ASSERT_TRUE(eventually([&] { return logged() >= jobs * 2 / 5; }, 60s));
   workers[0]->signal(SIGKILL);
   (void)workers[0]->wait_or_kill(10s);
+  // The killed worker's guardian kills its CMDs' process groups: a run of
+  // it may have logged its start and never its end. Once none of its CMDs is
+  // left (every process running the job script descends from a live
+  // worker), such a run is over by `dead_ns` at the latest.
+  std::set<pid_t> live;
+  for (std::size_t i = 1; i < workers.size(); ++i) live.insert(workers[i]->pid());
+  ASSERT_TRUE(eventually([&] { return orphans_of(live, log) == 0; }, 10s)) << "a killed worker's CMD outlived it";
+  const long long dead_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   long long limited = 0;
   for (std::size_t i = 1; i < workers.size(); ++i) {
     const auto r = workers[i]->wait_or_kill(120s);
@@ -102,12 +148,26 @@ TEST_F(ConcurrencyCli, EightWorkersOneKilledNeverRunMoreThanTheLimitOfAKeyAndLos
   // (time, end-before-start at a tie, key, job): an end and a start logged in
   // the same nanosecond are one permit passed on, not two held at once.
   std::vector<std::tuple<long long, int, std::string, std::string>> events;
-  std::set<std::string> ran;
+  std::set<std::string> ran;  // jobs with a run that ended
   std::istringstream in(read_file(log));
-  for (std::string sign, k, id, ns; in >> sign >> k >> id >> ns;) {
-    events.emplace_back(std::stoll(ns), sign == "+" ? 1 : 0, k, id);
-    if (sign == "+") ran.insert(id);
+  for (std::string sign, k, id, ns; in >> sign >> k >> id >> ns;) events.emplace_back(std::stoll(ns), sign == "+" ? 1 : 0, k, id);
+  std::sort(events.begin(), events.end());
+  // Each end closes its job's latest open start; a start left open is a run
+  // of the killed worker, counted as running until dead_ns (longer than it
+  // ran: the check only gets stricter).
+  std::map<std::string, std::vector<std::pair<long long, std::string>>> open;
+  for (const auto& [t, start, k, id] : events) {
+    if (start) open[id].emplace_back(t, k);
+    else if (!open[id].empty()) {
+      open[id].pop_back();
+      ran.insert(id);
+    }
   }
+  for (const auto& [id, starts] : open)
+    for (const auto& [t, k] : starts) {
+      EXPECT_LT(t, dead_ns) << "job " << id << " started after the kill and never ended";
+      events.emplace_back(std::max(t, dead_ns), 0, k, id);
+    }
   std::sort(events.begin(), events.end());
   std::map<std::string, int> running, most;
   for (const auto& [t, start, k, id] : events) {
