@@ -14,7 +14,14 @@
 import socket, sys, hashlib, os
 NOA = os.environ.get("NOASSERT")
 root, port, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def rd(p): return open(root + '/' + p).read()
+# A script as the build embeds it: each `--#include <path under src/>` line
+# replaced by that file (cmake/EmbedFiles.cmake).
+def rd(p):
+    out = []
+    for line in open(root + '/' + p).read().splitlines(True):
+        inc = line.strip()
+        out.append(rd('src/' + inc[len('--#include '):].strip()) if inc.startswith('--#include ') else line)
+    return ''.join(out)
 def fn(name, body): return "local function %s(KEYS, ARGV)\n%s\nend\n" % (name, body)
 stored = rd('src/guard/scripts/stored.lua')
 claim_parts = stored + fn('acquire', rd('src/lock/scripts/acquire.lua')) + fn('idem_begin', rd('src/guard/scripts/idempotency_begin.lua'))

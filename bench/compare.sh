@@ -56,12 +56,12 @@ trap 'kill $srv 2>/dev/null; wait $srv 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 url=redis://127.0.0.1:$port/0
 # A server this script has just started empty: recorded as having kept its
-# lock state (what trust_new_server does, with the library's own script), or
+# lock state (`jobguard server trust`, what trust_new_server does), or
 # its first grants would wait out the data-loss quarantine (docs/lock-safety.md).
 # Emptied between runs (a FLUSHALL is lost lock state too), then trusted again.
 fresh() {
   redis-cli -p "$port" flushall >/dev/null
-  redis-cli -p "$port" EVAL "$(cat "$root/src/lock/scripts/epoch.lua")" 1 jobguard:epoch 60000 trust >/dev/null
+  "$jg" --redis "redis://127.0.0.1:$port/0" server trust --reason "bench/compare.sh: a server it started" >/dev/null
 }
 fresh
 if [ "$jobs" -gt 0 ]; then

@@ -14,7 +14,7 @@ taskset -c 0 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait 2>/dev/null; rm -rf "$D"' EXIT
 for _ in $(seq 50); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sleep 0.1; done
-redis-cli -p "$PORT" EVAL "$(cat src/lock/scripts/epoch.lua)" 1 jobguard:epoch 60000 trust >/dev/null
+"${JOBGUARD:-build/apps/jobguard/jobguard}" --redis "redis://127.0.0.1:$PORT/0" server trust --reason "bench: a server it started" >/dev/null
 : >"$OUT"
 run() {  # name binary [--fair]
   local name=$1 bin=$2; shift 2

@@ -28,7 +28,7 @@ embedded_redis_start
 url="$EMBEDDED_REDIS_URL"
 # Started empty here: its lock state is trusted (what trust_new_server does,
 # with the library's own script), or the first grants wait out the quarantine.
-redis-cli -u "$url" EVAL "$(cat "$here/../src/lock/scripts/epoch.lua")" 1 jobguard:epoch 60000 trust >/dev/null
+"${JOBGUARD:-$here/../build/apps/jobguard/jobguard}" --redis "$url" server trust --reason "bench: a server it started" >/dev/null
 ratios=()
 for (( r = 1; r <= rounds; r++ )); do
   jg="$("$jobguard" --redis "$url" --json bench --permits "$permits" --workers "$workers" --seconds "$seconds")"

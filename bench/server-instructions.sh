@@ -41,7 +41,7 @@ run() {
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/valgrind.log" 2>&1 &
   vg=$!
   for _ in $(seq 150); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.2; done
-  redis-cli -p "$port" EVAL "$(cat "$root/src/lock/scripts/epoch.lua")" 1 jobguard:epoch 60000 trust >/dev/null
+  "${JOBGUARD:-$root/build/apps/jobguard/jobguard}" --redis "redis://127.0.0.1:$port/0" server trust --reason "bench: a server it started" >/dev/null
   "$bin" --redis "redis://127.0.0.1:$port/0" --json bench --jobs "$jobs" --concurrency "$concurrency" >"$dir/bench.json" ||
     { echo "server-instructions.sh: $bin bench failed" >&2; exit 70; }
   # SHUTDOWN closes the connection before it answers (redis-cli reports an

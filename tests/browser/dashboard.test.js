@@ -191,11 +191,13 @@ async function main() {
     return info.includes(`process_id:${redisProc.pid}\r`);
   });
   await redis.connect();
-  // The server was started empty: record it as intact with the library's own
-  // script, as jobguard::trust_new_server does, so grants need no quarantine.
-  const epoch = fs.readFileSync(path.join(root, 'src/lock/scripts/epoch.lua'), 'utf8');
-  await redis.send('EVAL', epoch, 1, 'jobguard:epoch', 60000, 'trust');
   const url = `redis://127.0.0.1:${redisPort}/0`;
+  // The server was started empty: record it as intact, the documented way
+  // (`jobguard server trust`), so grants need no quarantine.
+  const trusted = require('child_process').spawnSync(args.jobguard,
+    ['--redis', url, 'server', 'trust', '--reason', 'browser test: a server started a moment ago'],
+    { encoding: 'utf8', timeout: 30000 });
+  if (trusted.status !== 0) fail(`jobguard server trust exited ${trusted.status}: ${trusted.stderr}`);
 
   // A catalog naming the class `jobguard run` publishes ("run") for dash:{id}.
   const catalog = path.join(work, 'catalog.yaml');
