@@ -530,6 +530,16 @@ std::int64_t server_time_us(const EmbeddedRedis& r) {
   return std::stoll(t.elements.at(0).str) * 1000000 + std::stoll(t.elements.at(1).str);
 }
 
+// Milliseconds from `at` until `counted()` exceeds `before` (a record counts a
+// step), or -1 when it does not within 5 s.
+double ms_until_counted(Clock::time_point at, const std::function<int()>& counted, int before) {
+  while (Clock::now() - at < 5s) {
+    if (counted() > before) return std::chrono::duration<double, std::milli>(Clock::now() - at).count();
+    std::this_thread::sleep_for(1ms);
+  }
+  return -1;
+}
+
 TEST_F(QuarantineFault, ServerClockStepsForwardAreFoundAndNoJobIsDoneTwice) {
   const std::string offset_file = dir_ + "/clock.offset";
   write_offset(offset_file, 0);
@@ -564,15 +574,11 @@ TEST_F(QuarantineFault, ServerClockStepsForwardAreFoundAndNoJobIsDoneTwice) {
     write_offset(offset_file, offset);
     const auto at = Clock::now();
     Found f;
-    while (Clock::now() - at < 5s) {
-      if (steps_counted() > counted) {
-        f.latency_ms = std::chrono::duration<double, std::milli>(Clock::now() - at).count();
-        const auto last = redis_command_at(r.host(), r.port(), "HGET jobguard:epoch clock_step_last");
-        f.at_ms = std::stoll(last.substr(last.find(' ') + 1));
-        f.until_ms = std::stoll(redis_command_at(r.host(), r.port(), "HGET jobguard:epoch until"));
-        break;
-      }
-      std::this_thread::sleep_for(1ms);
+    f.latency_ms = ms_until_counted(at, steps_counted, counted);
+    if (f.latency_ms >= 0) {
+      const auto last = redis_command_at(r.host(), r.port(), "HGET jobguard:epoch clock_step_last");
+      f.at_ms = std::stoll(last.substr(last.find(' ') + 1));
+      f.until_ms = std::stoll(redis_command_at(r.host(), r.port(), "HGET jobguard:epoch until"));
     }
     found.push_back(f);
     last_job = job;
@@ -646,16 +652,7 @@ TEST_F(QuarantineFault, ServerClockStepsOnAClusterAreFoundAndNoJobIsDoneTwice) {
     const int counted = steps_counted();
     offset += kStep;
     write_offset(offset_file, offset);
-    const auto at = Clock::now();
-    double latency = -1;
-    while (Clock::now() - at < 5s) {
-      if (steps_counted() > counted) {
-        latency = std::chrono::duration<double, std::milli>(Clock::now() - at).count();
-        break;
-      }
-      std::this_thread::sleep_for(2ms);
-    }
-    latencies_ms.push_back(latency);
+    latencies_ms.push_back(ms_until_counted(Clock::now(), steps_counted, counted));
     last_job = job;
     ++steps;
     return true;
