@@ -12,6 +12,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       chromium   # the dashboard's browser test drives Debian's chromium (tests/browser)
       prometheus # promtool checks and unit-tests deploy/prometheus/; the alerts test runs the server
       clang libclang-rt-14-dev   # the fuzz harnesses: clang++ -fsanitize=fuzzer (libFuzzer is in libclang-rt)
+      lld        # links the suite's sanitized test binaries in half the time of ld.bfd (scripts/test.sh)
       # Laravel's Cache::lock and redis-py's Lock as peers on jobguard's keys
       # (tests/cli/run/interop_peers_test.cpp)
       php-cli php-redis php-illuminate-cache php-illuminate-redis python3-redis)
