@@ -24,8 +24,13 @@ def rd(p):
     return ''.join(out)
 def fn(name, body): return "local function %s(KEYS, ARGV)\n%s\nend\n" % (name, body)
 stored = rd('src/guard/scripts/stored.lua')
-claim_parts = stored + fn('acquire', rd('src/lock/scripts/acquire.lua')) + fn('idem_begin', rd('src/guard/scripts/idempotency_begin.lua'))
-finish_parts = stored + fn('idem_complete', rd('src/guard/scripts/idempotency_complete.lua')) + fn('record', rd('src/guard/scripts/completion_record.lua')) + fn('release', rd('src/lock/scripts/release.lua'))
+# The lock's named forms, as src/lock/composed.cpp adds them.
+grant_once = ("local function grant_once(lock, fence_counter, token, ttl_ms, fence, evicted)\n"
+              "  return acquire({lock, fence_counter}, {token, ttl_ms, fence, '0', '0', '0', '', evicted})\nend\n")
+release_held = ("local function release_held(lock, waiters, token, channel, sharded)\n"
+                "  return release({lock, waiters}, {token, channel, '', sharded})\nend\n")
+claim_parts = stored + fn('acquire', rd('src/lock/scripts/acquire.lua')) + grant_once + fn('idem_begin', rd('src/guard/scripts/idempotency_begin.lua'))
+finish_parts = stored + fn('idem_complete', rd('src/guard/scripts/idempotency_complete.lua')) + fn('record', rd('src/guard/scripts/completion_record.lua')) + fn('release', rd('src/lock/scripts/release.lua')) + release_held
 claim_many = claim_parts + fn('claim_one', rd('src/job/scripts/claim.lua')) + fn('batch_layout', rd('src/job/scripts/batch_layout.lua')) + rd('src/job/scripts/claim_many.lua')
 finish_many = finish_parts + fn('finish_one', rd('src/job/scripts/finish.lua')) + fn('batch_layout', rd('src/job/scripts/batch_layout.lua')) + rd('src/job/scripts/finish_many.lua')
 s = socket.create_connection(('127.0.0.1', port))

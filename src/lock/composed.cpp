@@ -27,8 +27,21 @@ void answer(LockService& svc, ComposedHandler done, Error e, ComposedResult r) {
 std::string as_lua_function(std::string_view name, std::string_view body) {
   return fmt::format("local function {}(KEYS, ARGV)\n{}\nend\n", name, body);
 }
-std::string acquire_as_function() { return as_lua_function("acquire", lock_scripts::acquire); }
-std::string release_as_function() { return as_lua_function("release", lock_scripts::release); }
+// The named forms are how another part calls the lock: acquire.lua's and
+// release.lua's argument layouts (and the values a try-once grant leaves
+// unused) stay here, beside those scripts, not in the callers' scripts.
+std::string acquire_as_function() {
+  return as_lua_function("acquire", lock_scripts::acquire) +
+         "local function grant_once(lock, fence_counter, token, ttl_ms, fence, evicted)\n"
+         "  return acquire({lock, fence_counter}, {token, ttl_ms, fence, '0', '0', '0', '', evicted})\n"
+         "end\n";
+}
+std::string release_as_function() {
+  return as_lua_function("release", lock_scripts::release) +
+         "local function release_held(lock, waiters, token, channel, sharded)\n"
+         "  return release({lock, waiters}, {token, channel, '', sharded})\n"
+         "end\n";
+}
 
 namespace {
 // One composed attempt's reply, as the script gives it ({status, fence or

@@ -24,9 +24,18 @@
 
 namespace jobguard::detail {
 
-// acquire.lua as `local function acquire(KEYS, ARGV) ... end`, and release.lua
-// as `local function release(KEYS, ARGV) ... end`: their parameters shadow
-// the globals, so each reads the keys and arguments it is given.
+// The lock's grant and release as Lua functions a composed script calls by
+// name, with named parameters:
+//   grant_once(lock, fence_counter, token, ttl_ms, fence, evicted)
+//     a try-once, non-fair grant: acquire.lua's reply ({1, fence or -1},
+//     {0, pttl}, {-1, evicted_keys}); fence '1' | '0'; evicted the gate's
+//     evicted_keys or '' (where the server does not evict);
+//   release_held(lock, waiters, token, channel, sharded)
+//     release.lua's reply (0 not ours, 1 released, 2 released and a waiter
+//     woken); waiters the lock's default-mode waiters key; sharded '1' on a
+//     Redis Cluster, else ''.
+// (Underneath, acquire.lua and release.lua as `local function acquire(KEYS,
+// ARGV)` / `release(KEYS, ARGV)`: their parameters shadow the globals.)
 std::string acquire_as_function();
 std::string release_as_function();
 // Any script's text as `local function <name>(KEYS, ARGV) ... end`.
@@ -37,9 +46,8 @@ std::string as_lua_function(std::string_view name, std::string_view body);
 // the lock, 2 its fence counter; ARGV 1 token, 2 ttl ms, 3 fence 0|1, 4 the
 // gate's evicted_keys ('' where the server does not evict) — and the
 // caller's after them. The script calls
-//   acquire({KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], '0', '0', '0', '', ARGV[4]})
-// (every argument of a call costs the server, and the fair queue's keys and
-// the waiter's arguments are never read by such a grant). It returns {status, fence or pttl, part}:
+//   grant_once(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+// and returns {status, fence or pttl, part}:
 // status 1 granted, 0 busy, -1 keys evicted since the gate's check (all as
 // acquire.lua), 2 declined by the caller's own check before the grant; `part`
 // is the caller's and handed back as it is.

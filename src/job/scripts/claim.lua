@@ -1,8 +1,8 @@
 -- A guarded job's claim in one call (the one-call claim path, src/job/claim_one_call.cpp): the
 -- completion record's check, the lock's grant and the idempotency key's
 -- claim, in the order the runner otherwise makes them one call at a time.
--- Composed (src/job/fused.cpp) after acquire.lua as acquire(KEYS, ARGV) and
--- idempotency_begin.lua as idem_begin(KEYS, ARGV); their rules live there.
+-- Composed (src/job/fused.cpp) after the lock's grant_once (lock_compose.hpp)
+-- and idempotency_begin.lua as idem_begin(KEYS, ARGV); their rules live there.
 -- KEYS: 1 the lock, 2 its fence counter (src/lock/composed.hpp), 3 the
 --       completion record, 4 the idempotency key (optional)
 -- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 evicted_keys or '' (composed.hpp),
@@ -22,7 +22,7 @@ if not fresh then
   local rec = record_read(KEYS[3])
   if rec then return {2, 0, rec.result} end
 end
-local g = acquire({KEYS[1], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], '0', '0', '0', '', ARGV[4]})
+local g = grant_once(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 if g[1] ~= 1 or not KEYS[4] then return g end
 -- Deferred (the runner asks only for a class that is not long-running): the
 -- key's lease would be this grant's TTL from this instant, so it would end

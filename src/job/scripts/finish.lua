@@ -3,7 +3,7 @@
 -- released — the runner's order when it makes them one call at a time.
 -- Composed (src/job/fused.cpp) after idempotency_complete.lua as
 -- idem_complete(KEYS, ARGV), completion_record.lua as record(KEYS, ARGV) and
--- release.lua as release(KEYS, ARGV).
+-- the lock's release_held (lock_compose.hpp).
 -- KEYS: 1 the completion record, 2 the lock, 3 the lock's default-mode
 --       waiters (release.lua wakes the one that has waited longest, not the
 --       herd), 4 the idempotency key (optional)
@@ -27,7 +27,7 @@ if ARGV[9] == 'deferred' then
   -- The key is written once, here, by the first run of the unit to finish;
   -- the script runs alone, so the order of the steps below is free.
   -- 0 or 1: release.lua's 2 (a waiter woken) is the lock's own business.
-  local rel = math.min(release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]}), 1)
+  local rel = math.min(release_held(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[8]), 1)
   local k = idem_read(KEYS[4])
   local record_absent = ''
   if not k then
@@ -61,4 +61,4 @@ if KEYS[4] then
   if c[1] ~= 1 then return {0, c} end
 end
 local rec = record({KEYS[1]}, {ARGV[3], ARGV[4], ARGV[5], now})
-return {1, rec[1], math.min(release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2], '', ARGV[8]}), 1)}
+return {1, rec[1], math.min(release_held(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[8]), 1)}
