@@ -38,13 +38,16 @@ for i = 4, #ARGV do
     end
   end
 end
--- One variadic call each for the whole batch.
-if #gone_members > 0 then
-  redis.call('ZREM', holders, unpack(gone_members))
+-- One variadic call each for the whole batch. With no holder left the whole
+-- key goes (an empty semaphore leaves nothing), free members and all, so
+-- they are written only when someone still holds a permit: the holders
+-- count below FREE, the free members above it.
+if #gone_members > 0 then redis.call('ZREM', holders, unpack(gone_members)) end
+if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
+  redis.call('DEL', holders)
+elseif #gone_members > 0 then
   redis.call('ZADD', holders, unpack(markers))
 end
--- With no holder left the whole key goes: an empty semaphore leaves nothing.
-if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then redis.call('DEL', holders) end
 if not any then return out end
 -- Nobody waits (the common case): nothing to wake.
 if redis.call('EXISTS', KEYS[2]) == 0 then return out end
