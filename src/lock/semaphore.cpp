@@ -66,7 +66,11 @@ void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource
 
 void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done) {
   // A script this long holds the server up: past it, the turn's calls go in
-  // more than one.
+  // more than one. Not fewer: smaller calls sent as they fill (so the server
+  // runs one while this client builds the next) cost the server and the
+  // client more per permit (each call's fixed part, and the holders' key no
+  // longer emptied by one batch of releases), and on a loaded host the
+  // overlap they buy does not make up for it (docs/bench.md, "Semaphore").
   constexpr std::size_t kMaxBatch = 128;
   std::optional<Batch> full;
   bool first = false;

@@ -140,20 +140,29 @@ if #granted > 0 then
   local g = #granted
   local h = redis.call('ZCARD', holders)
   local tail = redis.call('ZRANGE', holders, string.format('%d', -g), '-1', 'WITHSCORES')
-  local slots = {}
+  -- Each slot kept as the digits it is written with too: a Lua number
+  -- joined to a string is printed with '%.14g', dearer than the rest.
+  local slots, digits = {}, {}
   for j = #tail - 1, 1, -2 do
     if tonumber(tail[j + 1]) <= FREE then break end
-    slots[#slots + 1] = tonumber(string.sub(tail[j], 6))
+    digits[#digits + 1] = string.sub(tail[j], 6)
+    slots[#slots + 1] = tonumber(digits[#digits])
   end
   if #slots > 0 then redis.call('ZPOPMAX', holders, string.format('%d', #slots)) end
   while #slots < g do
     slots[#slots + 1] = h
+    digits[#digits + 1] = string.format('%d', h)
     h = h + 1
   end
-  local add = {}
+  local add, expiry = {}, {}  -- expiry: each lease end's digits, made once
   for k, gr in ipairs(granted) do
-    add[#add + 1] = string.format('%d', gr[2])
-    add[#add + 1] = gr[3] .. ' ' .. slots[k]
+    local e = expiry[gr[2]]
+    if not e then
+      e = string.format('%d', gr[2])
+      expiry[gr[2]] = e
+    end
+    add[#add + 1] = e
+    add[#add + 1] = gr[3] .. ' ' .. digits[k]
     out[gr[1]][3] = slots[k]
   end
   redis.call('ZADD', holders, unpack(add))

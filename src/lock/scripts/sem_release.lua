@@ -14,7 +14,7 @@ local holders = KEYS[1]
 local now_ms = server_time()
 local now = string.format('%d', now_ms)
 local out, any = {}, false
-local gone_members, markers = {}, {}
+local gone_members = {}
 -- Every member's expiry in one call (ZMSCORE, Redis 6.2+), one call each
 -- on an older server.
 local asked = {}
@@ -28,23 +28,29 @@ for i = 4, #ARGV do
   out[i - 3] = 0
   if exp then
     -- The slot is free either way (an expired entry was only not yet swept).
-    local s = string.match(m, ' (%d+)$')
     gone_members[#gone_members + 1] = m
-    markers[#markers + 1] = string.format('%d', FREE + 10000 - tonumber(s))
-    markers[#markers + 1] = 'free:' .. s
     if tonumber(exp) > now_ms then
       out[i - 3] = 1
       any = true
     end
   end
 end
--- One variadic call each for the whole batch.
-if #gone_members > 0 then
-  redis.call('ZREM', holders, unpack(gone_members))
+-- One variadic call each for the whole batch. With no holder left the whole
+-- key goes (an empty semaphore leaves nothing), free members and all, so
+-- they are written only when someone still holds a permit: the holders
+-- count below FREE, the free members above it.
+if #gone_members > 0 then redis.call('ZREM', holders, unpack(gone_members)) end
+if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
+  redis.call('DEL', holders)
+elseif #gone_members > 0 then
+  local markers = {}
+  for _, m in ipairs(gone_members) do
+    local s = string.match(m, ' (%d+)$')
+    markers[#markers + 1] = string.format('%d', FREE + 10000 - tonumber(s))
+    markers[#markers + 1] = 'free:' .. s
+  end
   redis.call('ZADD', holders, unpack(markers))
 end
--- With no holder left the whole key goes: an empty semaphore leaves nothing.
-if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then redis.call('DEL', holders) end
 if not any then return out end
 -- Nobody waits (the common case): nothing to wake.
 if redis.call('EXISTS', KEYS[2]) == 0 then return out end
