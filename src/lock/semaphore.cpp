@@ -8,6 +8,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/rwlock_internal.hpp"
 #include "lock/semaphore_internal.hpp"
 
 namespace jobguard {
@@ -35,14 +36,32 @@ const redis::Script& sem_extend_script() {
 void SemaphoreCalls::acquire(std::vector<std::string> keys, int permits, const std::string& evicted,
                              const redis::Confirm& confirm, std::vector<std::string> item,
                              redis::ConfirmedCompletion done) {
-  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted, confirm.replicas,
-               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
   Batch b;
   b.script = &sem_acquire_script();
   b.keys = std::move(keys);
   b.args = {std::to_string(permits), evicted};
-  b.confirm = confirm;
-  add(std::move(key), std::move(b), std::move(item), std::move(done));
+  acquire_with(std::move(b), permits, evicted, confirm, std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::acquire_rw(std::vector<std::string> keys, LockMode mode, const std::string& evicted,
+                                const redis::Confirm& confirm, std::vector<std::string> item,
+                                redis::ConfirmedCompletion done) {
+  // One mode a call: a call of readers takes the common case's few calls
+  // (rw_acquire.lua) unless a writer holds or waits.
+  Batch b;
+  b.script = &rw_acquire_script();
+  b.keys = std::move(keys);
+  const bool writer = mode == LockMode::exclusive;
+  b.args = {writer ? "w" : "r", evicted};
+  acquire_with(std::move(b), writer ? 1 : 0, evicted, confirm, std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::acquire_with(Batch fresh, int variant, const std::string& evicted, const redis::Confirm& confirm,
+                                  std::vector<std::string> item, redis::ConfirmedCompletion done) {
+  BatchKey key{fresh.keys[0], fresh.script, variant, evicted, confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+  fresh.confirm = confirm;
+  add(std::move(key), std::move(fresh), std::move(item), std::move(done));
 }
 
 void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
@@ -52,16 +71,35 @@ void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource
   b.keys = {keys.permit_holders_key(resource), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
             keys.permit_count_key(resource)};
   b.args = {keys.permit_channel(resource), std::to_string(permits), client_.options().cluster ? "1" : "0"};
-  BatchKey key{b.keys[0], b.script, permits, std::string(), 0, 0, false};
+  std::vector<std::string> item;
+  item.push_back(std::move(member));
+  release_with(std::move(b), permits, std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
+                                LockService::ReleaseHandler done) {
+  Batch b;
+  b.script = &rw_release_script();
+  const std::string readers = keys.rw_readers_key(resource), writer = keys.rw_writer_key(resource);
+  b.keys = {mode == LockMode::exclusive ? writer : readers, readers, writer, keys.rw_line_key(resource),
+            keys.rw_line_expiry_key(resource), keys.rw_writers_line_key(resource)};
+  b.args = {keys.rw_channel(resource), client_.options().cluster ? "1" : "0"};
+  std::vector<std::string> item;
+  item.push_back(std::move(token));
+  // The mode is in the batch's key already: the holders' key is its own.
+  release_with(std::move(b), 0, std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::release_with(Batch fresh, int variant, std::vector<std::string> item,
+                                  LockService::ReleaseHandler done) {
+  BatchKey key{fresh.keys[0], fresh.script, variant, std::string(), 0, 0, false};
   redis::ConfirmedCompletion each;
   if (done)
     each = [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r, redis::Confirmation) {
       if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
       done(Error(), r.is_integer() && r.integer == 1);
     };
-  std::vector<std::string> item;
-  item.push_back(std::move(member));
-  add(std::move(key), std::move(b), std::move(item), std::move(each));
+  add(std::move(key), std::move(fresh), std::move(item), std::move(each));
 }
 
 void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done) {
@@ -111,7 +149,7 @@ void SemaphoreCalls::send(Batch b) {
           ec = make_error_code(errc::protocol_error);
           redis::Reply e;
           e.type = redis::Reply::Type::error;
-          e.str = "unexpected reply to a semaphore script: " + redis::to_debug_string(r);
+          e.str = "unexpected reply to a coalesced lock script: " + redis::to_debug_string(r);
           r = std::move(e);
         }
         for (std::size_t i = 0; i < done->size(); ++i) {

@@ -8,7 +8,6 @@
 
 #include "jobguard/observe/metrics.hpp"
 #include "lock/quarantine.hpp"
-#include "lock/rwlock_internal.hpp"
 #include "lock/service_impl.hpp"
 
 namespace jobguard::detail {
@@ -159,7 +158,7 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
                                       nullptr);
       return;
     }
-    if (rw()) return release_rw(svc_->client(), svc_->keys(), resource_, token_, opts_.mode, nullptr);
+    if (rw()) return impl_->semaphore_calls->release_rw(svc_->keys(), resource_, token_, opts_.mode, nullptr);
     svc_->async_release(resource_, token_, nullptr, opts_.fair);
   }
 
@@ -295,19 +294,6 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
       }
       self->busy();
     };
-    if (rw()) {
-      std::vector<std::string> args = {token_,
-                                       std::to_string(opts_.ttl.count()),
-                                       opts_.fence ? "1" : "0",
-                                       opts_.mode == LockMode::exclusive ? "w" : "r",
-                                       may_wait ? "1" : "0",
-                                       std::to_string(waiter_lease().count()),
-                                       ticket_->evicted_for(key_),
-                                       waiter_id_};
-      svc_->client().async_eval_confirmed(rw_acquire_script(), script_keys_, std::move(args), confirm(),
-                                          std::move(on_reply));
-      return;
-    }
     // Coalesced with this turn's other attempts on the resource (SemaphoreCalls).
     std::vector<std::string> item = {token_,
                                      std::to_string(opts_.ttl.count()),
@@ -315,6 +301,9 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      waiter_id_};
+    if (rw())
+      return impl_->semaphore_calls->acquire_rw(script_keys_, opts_.mode, ticket_->evicted_for(key_), confirm(),
+                                                std::move(item), std::move(on_reply));
     impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), confirm(), std::move(item),
                                     std::move(on_reply));
   }
