@@ -53,7 +53,8 @@ end
 local function store(grants, waiters, max_ttl)
   redis.call('ZADD', holders, unpack(grants))
   if redis.call('PTTL', holders) < max_ttl then redis.call('PEXPIRE', holders, string.format('%d', max_ttl)) end
-  if #waiters > 0 and redis.call('ZREM', KEYS[4], unpack(waiters)) > 0 then
+  -- A line that is gone (the common case) is not searched for them.
+  if #waiters > 0 and redis.call('EXISTS', KEYS[4]) == 1 and redis.call('ZREM', KEYS[4], unpack(waiters)) > 0 then
     redis.call('ZREM', KEYS[5], unpack(waiters))
     redis.call('ZREM', KEYS[6], unpack(waiters))
   end
