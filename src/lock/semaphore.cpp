@@ -33,76 +33,11 @@ const redis::Script& sem_extend_script() {
   return s;
 }
 
-void SemaphoreCalls::acquire(std::vector<std::string> keys, int permits, const std::string& evicted,
-                             const redis::Confirm& confirm, std::vector<std::string> item,
-                             redis::ConfirmedCompletion done) {
-  Batch b;
-  b.script = &sem_acquire_script();
-  b.keys = std::move(keys);
-  b.args = {std::to_string(permits), evicted};
-  acquire_with(std::move(b), permits, evicted, confirm, std::move(item), std::move(done));
-}
-
-void SemaphoreCalls::acquire_rw(std::vector<std::string> keys, LockMode mode, const std::string& evicted,
-                                const redis::Confirm& confirm, std::vector<std::string> item,
-                                redis::ConfirmedCompletion done) {
-  // One mode a call: a call of readers takes the common case's few calls
-  // (rw_acquire.lua) unless a writer holds or waits.
-  Batch b;
-  b.script = &rw_acquire_script();
-  b.keys = std::move(keys);
-  const bool writer = mode == LockMode::exclusive;
-  b.args = {writer ? "w" : "r", evicted};
-  acquire_with(std::move(b), writer ? 1 : 0, evicted, confirm, std::move(item), std::move(done));
-}
-
-void SemaphoreCalls::acquire_with(Batch fresh, int variant, const std::string& evicted, const redis::Confirm& confirm,
-                                  std::vector<std::string> item, redis::ConfirmedCompletion done) {
-  BatchKey key{fresh.keys[0], fresh.script, variant, evicted, confirm.replicas,
-               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
-  fresh.confirm = confirm;
-  add(std::move(key), std::move(fresh), std::move(item), std::move(done));
-}
-
-void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
-                             LockService::ReleaseHandler done) {
-  Batch b;
-  b.script = &sem_release_script();
-  b.keys = {keys.permit_holders_key(resource), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
-            keys.permit_count_key(resource)};
-  b.args = {keys.permit_channel(resource), std::to_string(permits), client_.options().cluster ? "1" : "0"};
-  std::vector<std::string> item;
-  item.push_back(std::move(member));
-  release_with(std::move(b), permits, std::move(item), std::move(done));
-}
-
-void SemaphoreCalls::release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
-                                LockService::ReleaseHandler done) {
-  Batch b;
-  b.script = &rw_release_script();
-  const std::string readers = keys.rw_readers_key(resource), writer = keys.rw_writer_key(resource);
-  b.keys = {mode == LockMode::exclusive ? writer : readers, readers, writer, keys.rw_line_key(resource),
-            keys.rw_line_expiry_key(resource), keys.rw_writers_line_key(resource)};
-  b.args = {keys.rw_channel(resource), client_.options().cluster ? "1" : "0"};
-  std::vector<std::string> item;
-  item.push_back(std::move(token));
-  // The mode is in the batch's key already: the holders' key is its own.
-  release_with(std::move(b), 0, std::move(item), std::move(done));
-}
-
-void SemaphoreCalls::release_with(Batch fresh, int variant, std::vector<std::string> item,
-                                  LockService::ReleaseHandler done) {
-  BatchKey key{fresh.keys[0], fresh.script, variant, std::string(), 0, 0, false};
-  redis::ConfirmedCompletion each;
-  if (done)
-    each = [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r, redis::Confirmation) {
-      if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
-      done(Error(), r.is_integer() && r.integer == 1);
-    };
-  add(std::move(key), std::move(fresh), std::move(item), std::move(each));
-}
-
-void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done) {
+// A call's keys and common arguments are built only by the first call of a
+// turn's batch (`make`): the others add their own arguments to it.
+template <class MakeBatch>
+void SemaphoreCalls::add(BatchKey key, MakeBatch&& make, std::vector<std::string> item,
+                         redis::ConfirmedCompletion done) {
   // A script this long holds the server up: past it, the turn's calls go in
   // more than one.
   constexpr std::size_t kMaxBatch = 128;
@@ -113,7 +48,7 @@ void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> ite
     auto it = pending_.find(key);
     if (it == pending_.end()) {
       first = true;
-      it = pending_.emplace(key, std::move(fresh)).first;
+      it = pending_.emplace(key, make()).first;
     }
     for (auto& a : item) it->second.args.push_back(std::move(a));
     it->second.done.push_back(std::move(done));
@@ -137,6 +72,75 @@ void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> ite
     }
     self->send(std::move(*b));
   });
+}
+
+void SemaphoreCalls::acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted,
+                             const redis::Confirm& confirm, std::vector<std::string> item,
+                             redis::ConfirmedCompletion done) {
+  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted, confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+  const auto make = [&] {
+    return Batch{&sem_acquire_script(), keys, {std::to_string(permits), evicted}, confirm, {}};
+  };
+  add(std::move(key), make, std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::acquire_rw(const std::vector<std::string>& keys, LockMode mode, const std::string& evicted,
+                                const redis::Confirm& confirm, std::vector<std::string> item,
+                                redis::ConfirmedCompletion done) {
+  // One mode a call: a call of readers takes the common case's few calls
+  // (rw_acquire.lua) unless a writer holds or waits.
+  const bool writer = mode == LockMode::exclusive;
+  BatchKey key{keys[0], &rw_acquire_script(), writer ? 1 : 0, evicted, confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+  const auto make = [&] { return Batch{&rw_acquire_script(), keys, {writer ? "w" : "r", evicted}, confirm, {}}; };
+  add(std::move(key), make, std::move(item), std::move(done));
+}
+
+redis::ConfirmedCompletion SemaphoreCalls::release_completion(LockService::ReleaseHandler done) {
+  if (!done) return nullptr;
+  return [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r, redis::Confirmation) {
+    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
+    done(Error(), r.is_integer() && r.integer == 1);
+  };
+}
+
+void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
+                             LockService::ReleaseHandler done) {
+  std::string holders = keys.permit_holders_key(resource);
+  BatchKey key{holders, &sem_release_script(), permits, std::string(), 0, 0, false};
+  const auto make = [&] {
+    return Batch{&sem_release_script(),
+                 {std::move(holders), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
+                  keys.permit_count_key(resource)},
+                 {keys.permit_channel(resource), std::to_string(permits), client_.options().cluster ? "1" : "0"},
+                 {},
+                 {}};
+  };
+  std::vector<std::string> item;
+  item.push_back(std::move(member));
+  add(std::move(key), make, std::move(item), release_completion(std::move(done)));
+}
+
+void SemaphoreCalls::release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
+                                LockService::ReleaseHandler done) {
+  // The mode is in the batch's key: each mode has its own holders' key.
+  const bool writer = mode == LockMode::exclusive;
+  std::string holders = writer ? keys.rw_writer_key(resource) : keys.rw_readers_key(resource);
+  BatchKey key{holders, &rw_release_script(), 0, std::string(), 0, 0, false};
+  const auto make = [&] {
+    std::string readers = writer ? keys.rw_readers_key(resource) : holders;
+    std::string writers = writer ? holders : keys.rw_writer_key(resource);
+    return Batch{&rw_release_script(),
+                 {std::move(holders), std::move(readers), std::move(writers), keys.rw_line_key(resource),
+                  keys.rw_line_expiry_key(resource), keys.rw_writers_line_key(resource)},
+                 {keys.rw_channel(resource), client_.options().cluster ? "1" : "0"},
+                 {},
+                 {}};
+  };
+  std::vector<std::string> item;
+  item.push_back(std::move(token));
+  add(std::move(key), make, std::move(item), release_completion(std::move(done)));
 }
 
 void SemaphoreCalls::send(Batch b) {

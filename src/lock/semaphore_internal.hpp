@@ -40,13 +40,13 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
   explicit SemaphoreCalls(redis::Client& client) : client_(client) {}
   // One attempt: `item` is its six per-attempt arguments (sem_acquire.lua);
   // `keys` its five keys; done gets its own reply.
-  void acquire(std::vector<std::string> keys, int permits, const std::string& evicted, const redis::Confirm& confirm,
+  void acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted, const redis::Confirm& confirm,
                std::vector<std::string> item, redis::ConfirmedCompletion done);
   void release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
                LockService::ReleaseHandler done);
   // A reader's or the writer's attempt: `item` is its six per-attempt
   // arguments (rw_acquire.lua), `keys` its six keys.
-  void acquire_rw(std::vector<std::string> keys, LockMode mode, const std::string& evicted,
+  void acquire_rw(const std::vector<std::string>& keys, LockMode mode, const std::string& evicted,
                   const redis::Confirm& confirm, std::vector<std::string> item, redis::ConfirmedCompletion done);
   void release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
                   LockService::ReleaseHandler done);
@@ -61,10 +61,9 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
   // The holders' key, the script, the count (a read-write lock: its mode), the
   // eviction count, the confirmation.
   using BatchKey = std::tuple<std::string, const void*, int, std::string, int, long long, bool>;
-  void acquire_with(Batch fresh, int variant, const std::string& evicted, const redis::Confirm& confirm,
-                    std::vector<std::string> item, redis::ConfirmedCompletion done);
-  void release_with(Batch fresh, int variant, std::vector<std::string> item, LockService::ReleaseHandler done);
-  void add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done);
+  redis::ConfirmedCompletion release_completion(LockService::ReleaseHandler done);
+  template <class MakeBatch>
+  void add(BatchKey key, MakeBatch&& make, std::vector<std::string> item, redis::ConfirmedCompletion done);
   void send(Batch b);
   redis::Client& client_;
   std::mutex mu_;
