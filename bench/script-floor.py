@@ -57,6 +57,14 @@ def load(port, name=None, body=None):
 RW_KEYS = ["jg:rw:{b}:r", "jg:rw:{b}:w", "jg:fence:{b}", "jg:rw:{b}:line", "jg:rw:{b}:lexp", "jg:rw:{b}:wline"]
 
 
+def token(i, reader=False):
+    # The library's tokens (make_token): host/pid/job#128 random bits in hex;
+    # a reader's carries 128 more (src/lock/waiter_shell.cpp), which keeps the
+    # readers' zset a skiplist.
+    t = "bench-host/12345/#%032x" % i
+    return t + "%032x" % i if reader else t
+
+
 def workload(port, name, pairs, batch):
     cmds = []
     if name in ("min0", "min6"):
@@ -69,13 +77,13 @@ def workload(port, name, pairs, batch):
     elif name == "mutex":
         sha = load(port, "release.lua")
         for i in range(pairs):
-            cmds.append(resp("SET", "jg:lock:m", "tok%d" % i, "NX", "PX", 30000))
-            cmds.append(resp("EVALSHA", sha, 2, "jg:lock:m", "jg:waiters:m", "tok%d" % i, "jg:ch:m"))
+            cmds.append(resp("SET", "jg:lock:m", token(i), "NX", "PX", 30000))
+            cmds.append(resp("EVALSHA", sha, 2, "jg:lock:m", "jg:waiters:m", token(i), "jg:ch:m"))
     elif name == "read":
         acq, rel = load(port, "rw_acquire.lua"), load(port, "rw_release.lua")
         per = batch
         for i in range(0, pairs, per):
-            toks = ["tok%d" % (i + j) for j in range(per)]
+            toks = [token(i + j, True) for j in range(per)]
             cmds.append(acquire_call(acq, toks))
             cmds.append(release_call(rel, toks))
     else:
