@@ -12,7 +12,7 @@
 --#include redis/scripts/server_time.lua
 local now_ms = server_time()
 local now = string.format('%d', now_ms)
-local out, any, gone = {}, false, {}
+local out, any, gone, seen = {}, false, {}, {}
 -- Every token's expiry in one call (ZMSCORE, Redis 6.2+), one call each on
 -- an older server.
 local asked = {}
@@ -23,7 +23,9 @@ for i, t in ipairs(asked) do
   local exp
   if scores then exp = scores[i] else exp = redis.call('ZSCORE', KEYS[1], t) end
   out[i] = 0
-  if exp then
+  -- A token released twice in one call is ours the first time only.
+  if exp and not seen[t] then
+    seen[t] = true
     gone[#gone + 1] = t
     if tonumber(exp) > now_ms then
       out[i] = 1

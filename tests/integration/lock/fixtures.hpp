@@ -81,13 +81,18 @@ class LockTest : public test::RedisTest {
   // Releases of every lock held in `locks` in one turn of the client's loop:
   // 1 ours, 0 not ours (any more), -1 where no lock was held.
   std::vector<int> release_in_one_turn(const std::vector<std::optional<Lock>>& locks) {
+    std::vector<const Lock*> held;
+    for (const auto& l : locks) held.push_back(l ? &*l : nullptr);
+    return release_in_one_turn(held);
+  }
+  std::vector<int> release_in_one_turn(const std::vector<const Lock*>& locks) {
     std::size_t held = 0;
-    for (const auto& l : locks) held += l ? 1 : 0;
+    for (const auto* l : locks) held += l ? 1 : 0;
     auto turn = std::make_shared<Turn<int>>(locks.size(), held);
     for (std::size_t i = 0; i < locks.size(); ++i)
       if (!locks[i]) turn->got[i] = -1;
     if (held == 0) return turn->wait();
-    boost::asio::post(client->get_executor(), [turn, svc = svc, &locks] {
+    boost::asio::post(client->get_executor(), [turn, svc = svc, locks] {
       for (std::size_t i = 0; i < locks.size(); ++i) {
         if (!locks[i]) continue;
         svc->async_release_held(*locks[i], [turn, i](const Error& e, bool ok) {

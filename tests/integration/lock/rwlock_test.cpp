@@ -366,7 +366,8 @@ TEST_F(RwLockTest, AttemptsAndReleasesOfOneTurnShareOneCallAndKeepTheirOwnAnswer
   EXPECT_FALSE(next[1]);
   EXPECT_FALSE(next[2]);
   EXPECT_GT(*next[0]->fence(), *w->fence());
-  EXPECT_EQ(release_in_one_turn(next), (std::vector<int>{1, -1, -1}));
+  // One holder released twice in one call: its first release only.
+  EXPECT_EQ(release_in_one_turn(std::vector<const Lock*>{&*next[0], &*next[0]}), (std::vector<int>{1, 0}));
   next[0]->detach();
   for (auto& l : readers) l->detach();
 }
