@@ -9,7 +9,6 @@
 
 #include "jobguard/observe/metrics.hpp"
 #include "lock/quarantine.hpp"
-#include "lock/rwlock_internal.hpp"
 #include "lock/service_impl.hpp"
 
 namespace jobguard {
@@ -96,20 +95,6 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
     else
       client.async_eval_views(lock_release_script(), {key, waiters}, {token, channel}, std::move(on_reply));
   }
-}
-
-void release_rw(redis::Client& client, const KeyBuilder& keys, const std::string& resource, const std::string& token,
-                LockMode mode, LockService::ReleaseHandler done) {
-  auto on_reply = [done = std::move(done), c = &client](std::error_code ec, redis::Reply r) {
-    if (!done) return;
-    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
-    done(Error(), r.is_integer() && r.integer == 1);
-  };
-  const std::string readers = keys.rw_readers_key(resource), writer = keys.rw_writer_key(resource);
-  client.async_eval(rw_release_script(),
-                    {mode == LockMode::exclusive ? writer : readers, readers, writer, keys.rw_line_key(resource),
-                     keys.rw_line_expiry_key(resource), keys.rw_writers_line_key(resource)},
-                    {token, keys.rw_channel(resource), client.options().cluster ? "1" : "0"}, std::move(on_reply));
 }
 }  // namespace detail
 
@@ -321,7 +306,8 @@ void LockService::async_release_held(const Lock& l, ReleaseHandler done) {
   if (l.permits() > 0)
     return impl_->semaphore_calls->release(keys_, l.resource(), detail::permit_member(l.token(), l.permit_slot()),
                                            l.permits(), std::move(done));
-  if (l.mode() != LockMode::mutex) return detail::release_rw(client_, keys_, l.resource(), l.token(), l.mode(), std::move(done));
+  if (l.mode() != LockMode::mutex)
+    return impl_->semaphore_calls->release_rw(keys_, l.resource(), l.token(), l.mode(), std::move(done));
   async_release(l.resource(), l.token(), std::move(done), l.fair());
 }
 

@@ -1,4 +1,4 @@
-// The read-write lock's scripts, for the waiter (waiter_shell.cpp) and the service.
+// The read-write lock's scripts, for the coalesced calls (semaphore.cpp).
 #pragma once
 
 namespace jobguard {

@@ -8,6 +8,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/rwlock_internal.hpp"
 #include "lock/semaphore_internal.hpp"
 
 namespace jobguard {
@@ -32,39 +33,11 @@ const redis::Script& sem_extend_script() {
   return s;
 }
 
-void SemaphoreCalls::acquire(std::vector<std::string> keys, int permits, const std::string& evicted,
-                             const redis::Confirm& confirm, std::vector<std::string> item,
-                             redis::ConfirmedCompletion done) {
-  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted, confirm.replicas,
-               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
-  Batch b;
-  b.script = &sem_acquire_script();
-  b.keys = std::move(keys);
-  b.args = {std::to_string(permits), evicted};
-  b.confirm = confirm;
-  add(std::move(key), std::move(b), std::move(item), std::move(done));
-}
-
-void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
-                             LockService::ReleaseHandler done) {
-  Batch b;
-  b.script = &sem_release_script();
-  b.keys = {keys.permit_holders_key(resource), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
-            keys.permit_count_key(resource)};
-  b.args = {keys.permit_channel(resource), std::to_string(permits), client_.options().cluster ? "1" : "0"};
-  BatchKey key{b.keys[0], b.script, permits, std::string(), 0, 0, false};
-  redis::ConfirmedCompletion each;
-  if (done)
-    each = [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r, redis::Confirmation) {
-      if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
-      done(Error(), r.is_integer() && r.integer == 1);
-    };
-  std::vector<std::string> item;
-  item.push_back(std::move(member));
-  add(std::move(key), std::move(b), std::move(item), std::move(each));
-}
-
-void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done) {
+// A call's keys and common arguments are built only by the first call of a
+// turn's batch (`make`): the others add their own arguments to it.
+template <class MakeBatch>
+void SemaphoreCalls::add(BatchKey key, MakeBatch&& make, std::vector<std::string> item,
+                         redis::ConfirmedCompletion done) {
   // A script this long holds the server up: past it, the turn's calls go in
   // more than one. Not fewer: smaller calls sent as they fill (so the server
   // runs one while this client builds the next) cost the server and the
@@ -79,7 +52,7 @@ void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> ite
     auto it = pending_.find(key);
     if (it == pending_.end()) {
       first = true;
-      it = pending_.emplace(key, std::move(fresh)).first;
+      it = pending_.emplace(key, make()).first;
     }
     for (auto& a : item) it->second.args.push_back(std::move(a));
     it->second.done.push_back(std::move(done));
@@ -105,6 +78,75 @@ void SemaphoreCalls::add(BatchKey key, Batch fresh, std::vector<std::string> ite
   });
 }
 
+void SemaphoreCalls::acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted,
+                             const redis::Confirm& confirm, std::vector<std::string> item,
+                             redis::ConfirmedCompletion done) {
+  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted, confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+  const auto make = [&] {
+    return Batch{&sem_acquire_script(), keys, {std::to_string(permits), evicted}, confirm, {}};
+  };
+  add(std::move(key), make, std::move(item), std::move(done));
+}
+
+void SemaphoreCalls::acquire_rw(const std::vector<std::string>& keys, LockMode mode, const std::string& evicted,
+                                const redis::Confirm& confirm, std::vector<std::string> item,
+                                redis::ConfirmedCompletion done) {
+  // One mode a call: a call of readers takes the common case's few calls
+  // (rw_acquire.lua) unless a writer holds or waits.
+  const bool writer = mode == LockMode::exclusive;
+  BatchKey key{keys[0], &rw_acquire_script(), writer ? 1 : 0, evicted, confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+  const auto make = [&] { return Batch{&rw_acquire_script(), keys, {writer ? "w" : "r", evicted}, confirm, {}}; };
+  add(std::move(key), make, std::move(item), std::move(done));
+}
+
+redis::ConfirmedCompletion SemaphoreCalls::release_completion(LockService::ReleaseHandler done) {
+  if (!done) return nullptr;
+  return [done = std::move(done), c = &client_](std::error_code ec, redis::Reply r, redis::Confirmation) {
+    if (ec) return done(redis::to_error(ec, r, c->address(), "release"), false);
+    done(Error(), r.is_integer() && r.integer == 1);
+  };
+}
+
+void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
+                             LockService::ReleaseHandler done) {
+  std::string holders = keys.permit_holders_key(resource);
+  BatchKey key{holders, &sem_release_script(), permits, std::string(), 0, 0, false};
+  const auto make = [&] {
+    return Batch{&sem_release_script(),
+                 {std::move(holders), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
+                  keys.permit_count_key(resource)},
+                 {keys.permit_channel(resource), std::to_string(permits), client_.options().cluster ? "1" : "0"},
+                 {},
+                 {}};
+  };
+  std::vector<std::string> item;
+  item.push_back(std::move(member));
+  add(std::move(key), make, std::move(item), release_completion(std::move(done)));
+}
+
+void SemaphoreCalls::release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
+                                LockService::ReleaseHandler done) {
+  // The mode is in the batch's key: each mode has its own holders' key.
+  const bool writer = mode == LockMode::exclusive;
+  std::string holders = writer ? keys.rw_writer_key(resource) : keys.rw_readers_key(resource);
+  BatchKey key{holders, &rw_release_script(), 0, std::string(), 0, 0, false};
+  const auto make = [&] {
+    std::string readers = writer ? keys.rw_readers_key(resource) : holders;
+    std::string writers = writer ? holders : keys.rw_writer_key(resource);
+    return Batch{&rw_release_script(),
+                 {std::move(holders), std::move(readers), std::move(writers), keys.rw_line_key(resource),
+                  keys.rw_line_expiry_key(resource), keys.rw_writers_line_key(resource)},
+                 {keys.rw_channel(resource), client_.options().cluster ? "1" : "0"},
+                 {},
+                 {}};
+  };
+  std::vector<std::string> item;
+  item.push_back(std::move(token));
+  add(std::move(key), make, std::move(item), release_completion(std::move(done)));
+}
+
 void SemaphoreCalls::send(Batch b) {
   auto done = std::make_shared<std::vector<redis::ConfirmedCompletion>>(std::move(b.done));
   client_.async_eval_confirmed(
@@ -115,7 +157,7 @@ void SemaphoreCalls::send(Batch b) {
           ec = make_error_code(errc::protocol_error);
           redis::Reply e;
           e.type = redis::Reply::Type::error;
-          e.str = "unexpected reply to a semaphore script: " + redis::to_debug_string(r);
+          e.str = "unexpected reply to a coalesced lock script: " + redis::to_debug_string(r);
           r = std::move(e);
         }
         for (std::size_t i = 0; i < done->size(); ++i) {

@@ -25,23 +25,31 @@ inline std::string permit_member(const std::string& token, int slot) {
   return m;
 }
 
-// A LockService's semaphore calls, coalesced: every attempt (sem_acquire.lua)
-// and every release (sem_release.lua) on the same resource, with the same
-// count, made in one turn of the client's event loop goes in one script
-// call, so its fixed cost (the script itself, the clock, the sweep, the count,
-// the line) is paid once per turn, not once per permit. Each permit is still
-// granted under its own token, lease, slot and fence, and released against
-// its own token and lease, in the order asked; each caller gets its own
-// answer, as from a call of its own. Any thread may call; one LockService owns one.
+// A LockService's semaphore and read-write lock calls, coalesced: every
+// attempt (sem_acquire.lua, rw_acquire.lua) and every release (sem_release.lua,
+// rw_release.lua) on the same resource, with the same count or mode, made in
+// one turn of the client's event loop goes in one script call, so its fixed
+// cost (the script itself, the clock, the sweep, the count, the writer's
+// check, the line) is paid once per turn, not once per holder. Each holder is
+// still granted under its own token, lease, slot and fence, and released
+// against its own token and lease, in the order asked; each caller gets its
+// own answer, as from a call of its own. Any thread may call; one LockService
+// owns one.
 class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
  public:
   explicit SemaphoreCalls(redis::Client& client) : client_(client) {}
   // One attempt: `item` is its six per-attempt arguments (sem_acquire.lua);
   // `keys` its five keys; done gets its own reply.
-  void acquire(std::vector<std::string> keys, int permits, const std::string& evicted, const redis::Confirm& confirm,
+  void acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted, const redis::Confirm& confirm,
                std::vector<std::string> item, redis::ConfirmedCompletion done);
   void release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
                LockService::ReleaseHandler done);
+  // A reader's or the writer's attempt: `item` is its six per-attempt
+  // arguments (rw_acquire.lua), `keys` its six keys.
+  void acquire_rw(const std::vector<std::string>& keys, LockMode mode, const std::string& evicted,
+                  const redis::Confirm& confirm, std::vector<std::string> item, redis::ConfirmedCompletion done);
+  void release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
+                  LockService::ReleaseHandler done);
 
  private:
   struct Batch {
@@ -50,9 +58,12 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
     redis::Confirm confirm;
     std::vector<redis::ConfirmedCompletion> done;
   };
-  // The holders' key, the script, the count, the eviction count, the confirmation.
+  // The holders' key, the script, the count (a read-write lock: its mode), the
+  // eviction count, the confirmation.
   using BatchKey = std::tuple<std::string, const void*, int, std::string, int, long long, bool>;
-  void add(BatchKey key, Batch fresh, std::vector<std::string> item, redis::ConfirmedCompletion done);
+  redis::ConfirmedCompletion release_completion(LockService::ReleaseHandler done);
+  template <class MakeBatch>
+  void add(BatchKey key, MakeBatch&& make, std::vector<std::string> item, redis::ConfirmedCompletion done);
   void send(Batch b);
   redis::Client& client_;
   std::mutex mu_;

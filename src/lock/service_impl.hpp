@@ -162,11 +162,6 @@ void release_lock(redis::Client& client, const KeyBuilder& keys, const std::stri
                   const std::string& token, LockService::ReleaseHandler done, bool fair,
                   std::function<void()> woke = nullptr);
 
-// Lets go of a reader or the writer of a read-write lock (rw_release.lua),
-// which wakes by name the waiters the lock now belongs to.
-void release_rw(redis::Client& client, const KeyBuilder& keys, const std::string& resource, const std::string& token,
-                LockMode mode, LockService::ReleaseHandler done);
-
 // The exception a blocking call rethrows on the caller's thread, with a text
 // of its own: copies of an Error share their text, and the loop thread drops
 // its copy after the handler that fulfils the promise returns. Sharing it,

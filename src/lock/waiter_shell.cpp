@@ -3,12 +3,13 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
+#include <array>
 #include <random>
 #include <vector>
 
+#include "jobguard/detail/identity.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "lock/quarantine.hpp"
-#include "lock/rwlock_internal.hpp"
 #include "lock/service_impl.hpp"
 
 namespace jobguard::detail {
@@ -36,7 +37,7 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
     confirmation_ = svc_->confirmation_for(opts_);
     const auto& k = svc_->keys();
     key_ = k.lock_key(resource_);
-    token_ = make_token(opts_.job_id);
+    token_ = new_token();
     started_ = clock_.now();
     metrics_ = &svc_->class_metrics(opts_.lock_class);
     if (opts_.permits > 0) {
@@ -96,6 +97,20 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
   bool counted() const noexcept { return opts_.permits > 0 || rw(); }
   std::string member() const { return opts_.permits > 0 ? permit_member(token_, slot_) : token_; }
 
+  // A reader's token carries 128 more random bits: over 64 bytes, longer than
+  // zset-max-listpack-value's default, so Redis keeps the readers' zset as a
+  // skiplist and finds each reader of a coalesced call in O(log n), instead of
+  // searching a listpack of every reader for each (docs/rwlock.md).
+  std::string new_token() const {
+    std::string t = make_token(opts_.job_id);
+    if (opts_.mode == LockMode::shared) {
+      std::array<unsigned char, 16> more{};
+      detail::random_bytes(more.data(), more.size());
+      detail::append_hex(t, more.data(), more.size());
+    }
+    return t;
+  }
+
   static std::uint64_t seed() {
     // Seeded once per thread: a random_device per acquire costs more than the acquire.
     thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -128,7 +143,7 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
           // A fresh token, so a late release of this one cannot delete the
           // next grant (with several connections their order is not kept). A
           // fair waiter keeps its token: it names its place in the queue.
-          if (!opts_.fair) token_ = make_token(opts_.job_id);
+          if (!opts_.fair) token_ = new_token();
           break;
         case Machine::Action::leave_queue: leave_queue(); break;
         case Machine::Action::abandon: impl_->abandon(token_, waiter_lease() * 2); break;
@@ -159,7 +174,7 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
                                       nullptr);
       return;
     }
-    if (rw()) return release_rw(svc_->client(), svc_->keys(), resource_, token_, opts_.mode, nullptr);
+    if (rw()) return impl_->semaphore_calls->release_rw(svc_->keys(), resource_, token_, opts_.mode, nullptr);
     svc_->async_release(resource_, token_, nullptr, opts_.fair);
   }
 
@@ -253,7 +268,7 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
       return true;
     }
     release_grant();
-    if (!opts_.fair) token_ = make_token(opts_.job_id);
+    if (!opts_.fair) token_ = new_token();
     failed(make_error_code(errc::server_busy), fmt::format("grant not confirmed by replicas: {}; released", why));
     return false;
   }
@@ -295,19 +310,6 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
       }
       self->busy();
     };
-    if (rw()) {
-      std::vector<std::string> args = {token_,
-                                       std::to_string(opts_.ttl.count()),
-                                       opts_.fence ? "1" : "0",
-                                       opts_.mode == LockMode::exclusive ? "w" : "r",
-                                       may_wait ? "1" : "0",
-                                       std::to_string(waiter_lease().count()),
-                                       ticket_->evicted_for(key_),
-                                       waiter_id_};
-      svc_->client().async_eval_confirmed(rw_acquire_script(), script_keys_, std::move(args), confirm(),
-                                          std::move(on_reply));
-      return;
-    }
     // Coalesced with this turn's other attempts on the resource (SemaphoreCalls).
     std::vector<std::string> item = {token_,
                                      std::to_string(opts_.ttl.count()),
@@ -315,6 +317,9 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      waiter_id_};
+    if (rw())
+      return impl_->semaphore_calls->acquire_rw(script_keys_, opts_.mode, ticket_->evicted_for(key_), confirm(),
+                                                std::move(item), std::move(on_reply));
     impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), confirm(), std::move(item),
                                     std::move(on_reply));
   }

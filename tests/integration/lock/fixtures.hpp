@@ -3,6 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 #include "support/redis_fixture.hpp"
@@ -46,6 +55,76 @@ class LockTest : public test::RedisTest {
         },
         std::chrono::seconds(5));
   }
+  // Script calls the server has run (EVALSHA, and EVAL after a NOSCRIPT).
+  std::int64_t script_calls() const {
+    const std::string stats = client->exec(redis::Command{"INFO", "commandstats"}).str;
+    std::int64_t n = 0;
+    for (const char* cmd : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
+      const auto at = stats.find(cmd);
+      if (at != std::string::npos) n += std::stoll(stats.substr(at + std::strlen(cmd)));
+    }
+    return n;
+  }
+  // Attempts started in one turn of the client's loop, so the service can
+  // coalesce them; each answer in its attempt's place.
+  std::vector<std::optional<Lock>> acquire_in_one_turn(const std::string& r, const std::vector<LockOptions>& opts) {
+    auto turn = std::make_shared<Turn<std::optional<Lock>>>(opts.size(), opts.size());
+    boost::asio::post(client->get_executor(), [turn, svc = svc, r, opts] {
+      for (std::size_t i = 0; i < opts.size(); ++i)
+        svc->async_acquire(r, opts[i], [turn, i](const Error& e, std::optional<Lock> l) {
+          EXPECT_FALSE(e) << e.what();
+          turn->answer(i, std::move(l));
+        });
+    });
+    return turn->wait();
+  }
+  // Releases of every lock held in `locks` in one turn of the client's loop:
+  // 1 ours, 0 not ours (any more), -1 where no lock was held.
+  std::vector<int> release_in_one_turn(const std::vector<std::optional<Lock>>& locks) {
+    std::vector<const Lock*> held;
+    for (const auto& l : locks) held.push_back(l ? &*l : nullptr);
+    return release_in_one_turn(held);
+  }
+  std::vector<int> release_in_one_turn(const std::vector<const Lock*>& locks) {
+    std::size_t held = 0;
+    for (const auto* l : locks) held += l ? 1 : 0;
+    auto turn = std::make_shared<Turn<int>>(locks.size(), held);
+    for (std::size_t i = 0; i < locks.size(); ++i)
+      if (!locks[i]) turn->got[i] = -1;
+    if (held == 0) return turn->wait();
+    boost::asio::post(client->get_executor(), [turn, svc = svc, locks] {
+      for (std::size_t i = 0; i < locks.size(); ++i) {
+        if (!locks[i]) continue;
+        svc->async_release_held(*locks[i], [turn, i](const Error& e, bool ok) {
+          EXPECT_FALSE(e) << e.what();
+          turn->answer(i, ok ? 1 : 0);
+        });
+      }
+    });
+    return turn->wait();
+  }
+  // The answers of one turn's calls; shared with their handlers, which may
+  // outlive a wait that gave up.
+  template <class T>
+  struct Turn {
+    Turn(std::size_t n, std::size_t expected) : got(n), left(expected) {
+      if (left == 0) all.set_value();
+    }
+    void answer(std::size_t i, T v) {
+      std::lock_guard g(mu);
+      got[i] = std::move(v);
+      if (--left == 0) all.set_value();
+    }
+    std::vector<T> wait() {
+      EXPECT_EQ(all.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+      std::lock_guard g(mu);
+      return std::move(got);
+    }
+    std::mutex mu;
+    std::vector<T> got;
+    std::size_t left;
+    std::promise<void> all;
+  };
   std::unique_ptr<redis::Client> client;
   std::shared_ptr<LockService> svc;
 };

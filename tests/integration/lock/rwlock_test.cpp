@@ -314,6 +314,64 @@ TEST_F(RwLockTest, TheAsyncFormsGrantAndRelease) {
   EXPECT_TRUE(svc->acquire(r, writer()));
 }
 
+// Attempts and releases of one mode made in one turn of the loop share one
+// script call (coalesced, as a semaphore's are): each keeps its own answer
+// and fence, and writer preference and the fences' order hold across calls.
+TEST_F(RwLockTest, AttemptsAndReleasesOfOneTurnShareOneCallAndKeepTheirOwnAnswers) {
+  const auto r = resource("turn");
+  for (const auto& o : {reader(), writer()}) {  // the scripts are loaded
+    auto l = svc->acquire(r, o);
+    ASSERT_TRUE(l);
+    ASSERT_TRUE(l->release());
+  }
+  auto before = script_calls();
+  auto readers = acquire_in_one_turn(r, std::vector<LockOptions>(8, reader()));
+  EXPECT_LE(script_calls() - before, 2);
+  for (std::size_t i = 0; i < readers.size(); ++i) {
+    ASSERT_TRUE(readers[i] && readers[i]->fence()) << "reader " << i;
+    if (i > 0) {
+      EXPECT_GT(*readers[i]->fence(), *readers[i - 1]->fence());
+    }
+  }
+  EXPECT_EQ(inspect_rwlock(*svc, r).readers.size(), 8u);
+  // Try-once writers while readers hold: busy, and out of the line.
+  for (const auto& w : acquire_in_one_turn(r, std::vector<LockOptions>(3, writer()))) EXPECT_FALSE(w);
+  EXPECT_EQ(line(r), 0);
+  // A waiting writer (its polls far apart: only a release's wake grants it
+  // soon) stops a whole turn of newcomer readers.
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2);
+  LockOptions wo = writer(10s, 60s);
+  wo.backoff_max = 30s;
+  auto fw = std::async(std::launch::async, [&] { return svc2->acquire(r, wo); });
+  ASSERT_TRUE(eventually([&] { return waiting_writers(r) == 1; }));
+  ASSERT_TRUE(subscribed(r, 1));
+  for (const auto& l : acquire_in_one_turn(r, std::vector<LockOptions>(4, reader())))
+    EXPECT_FALSE(l) << "a reader entered past a waiting writer";
+  // The readers' releases in one turn, one of a lease that already ended:
+  // each its own answer, and the call that leaves no reader wakes the writer.
+  client->exec(redis::Command{"ZADD", svc->keys().rw_readers_key(r), "XX", "1", readers[7]->token()});
+  before = script_calls();
+  EXPECT_EQ(release_in_one_turn(readers), (std::vector<int>{1, 1, 1, 1, 1, 1, 1, 0}));
+  ASSERT_EQ(fw.wait_for(20s), std::future_status::ready) << "the writer was not woken by the readers' release";
+  auto w = fw.get();
+  ASSERT_TRUE(w && w->fence());
+  for (const auto& l : readers) EXPECT_GT(*w->fence(), *l->fence());
+  // Writers of one turn: none beside the writer that holds; once it is gone,
+  // the first of the call alone, fenced after it.
+  for (const auto& l : acquire_in_one_turn(r, std::vector<LockOptions>(3, writer()))) EXPECT_FALSE(l);
+  EXPECT_TRUE(w->release());
+  auto next = acquire_in_one_turn(r, std::vector<LockOptions>(3, writer()));
+  ASSERT_TRUE(next[0] && next[0]->fence());
+  EXPECT_FALSE(next[1]);
+  EXPECT_FALSE(next[2]);
+  EXPECT_GT(*next[0]->fence(), *w->fence());
+  // One holder released twice in one call: its first release only.
+  EXPECT_EQ(release_in_one_turn(std::vector<const Lock*>{&*next[0], &*next[0]}), (std::vector<int>{1, 0}));
+  next[0]->detach();
+  for (auto& l : readers) l->detach();
+}
+
 class RwLeaseTest : public LeaseTest {};
 
 TEST_F(RwLeaseTest, EachReadersLeaseRenewsAndOneIsLostWhenItsEntryGoes) {

@@ -6,9 +6,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <cstring>
 #include <future>
 #include <set>
 #include <mutex>
@@ -174,38 +172,14 @@ TEST_F(SemaphoreTest, AForceReleaseFreesOnePermitAdvancesTheFenceAndIsListed) {
   EXPECT_GT(*c->fence(), res.new_fence);
 }
 
-// Script calls the server has run (EVALSHA, and EVAL after a NOSCRIPT).
-std::int64_t script_calls(const std::string& commandstats) {
-  std::int64_t n = 0;
-  for (const char* cmd : {"cmdstat_evalsha:calls=", "cmdstat_eval:calls="}) {
-    const auto at = commandstats.find(cmd);
-    if (at != std::string::npos) n += std::stoll(commandstats.substr(at + std::strlen(cmd)));
-  }
-  return n;
-}
-
 TEST_F(SemaphoreTest, AttemptsAndReleasesOfOneTurnShareOneCallAndKeepTheirOwnAnswers) {
   const auto r = resource("turn");
-  const auto stats = [&] { return client->exec(redis::Command{"INFO", "commandstats"}).str; };
   ASSERT_TRUE(svc->acquire(r, permits(5))->release());  // the scripts are loaded
-  std::mutex mu;
-  std::vector<std::optional<Lock>> got(8);
-  std::promise<void> all;
-  int left = 8;
-  const auto before = script_calls(stats());
+  const auto before = script_calls();
   // Eight try-once attempts started in one turn of the loop: one call, the
   // first five granted in order with their own slots and rising fences.
-  boost::asio::post(client->get_executor(), [&] {
-    for (int i = 0; i < 8; ++i)
-      svc->async_acquire(r, permits(5), [&, i](const Error& e, std::optional<Lock> l) {
-        EXPECT_FALSE(e) << e.what();
-        std::lock_guard g(mu);
-        got[static_cast<std::size_t>(i)] = std::move(l);
-        if (--left == 0) all.set_value();
-      });
-  });
-  ASSERT_EQ(all.get_future().wait_for(10s), std::future_status::ready);
-  EXPECT_LE(script_calls(stats()) - before, 2);
+  auto got = acquire_in_one_turn(r, std::vector<LockOptions>(8, permits(5)));
+  EXPECT_LE(script_calls() - before, 2);
   std::set<int> slots;
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(got[static_cast<std::size_t>(i)].has_value(), i < 5) << "attempt " << i;
@@ -221,22 +195,10 @@ TEST_F(SemaphoreTest, AttemptsAndReleasesOfOneTurnShareOneCallAndKeepTheirOwnAns
   // each its own answer, the key gone with the last holder.
   client->exec(redis::Command{"ZADD", svc->keys().permit_holders_key(r), "XX", "1",
                               got[4]->token() + " " + std::to_string(got[4]->permit_slot())});  // expired
-  std::vector<int> answers(5, -1);
-  std::promise<void> released;
-  int pending = 5;
-  const auto before_release = script_calls(stats());
-  boost::asio::post(client->get_executor(), [&] {
-    for (int i = 0; i < 5; ++i)
-      svc->async_release_held(*got[static_cast<std::size_t>(i)], [&, i](const Error& e, bool ok) {
-        EXPECT_FALSE(e) << e.what();
-        std::lock_guard g(mu);
-        answers[static_cast<std::size_t>(i)] = ok ? 1 : 0;
-        if (--pending == 0) released.set_value();
-      });
-  });
-  ASSERT_EQ(released.get_future().wait_for(10s), std::future_status::ready);
-  EXPECT_LE(script_calls(stats()) - before_release, 2);
-  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1, 1, 0}));
+  const auto before_release = script_calls();
+  const auto answers = release_in_one_turn(got);
+  EXPECT_LE(script_calls() - before_release, 2);
+  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1, 1, 0, -1, -1, -1}));
   EXPECT_EQ(client->exec(redis::Command{"EXISTS", svc->keys().permit_holders_key(r)}).integer, 0);
   for (auto& l : got) {
     if (l) l->detach();
