@@ -154,7 +154,10 @@ TEST_F(RwLockTest, AStreamOfReadersDoesNotStarveAWriter) {
         ++entered;
         ++inside;
         if (writer_inside) ++overlaps;
-        std::this_thread::sleep_for(40ms);
+        // Long enough that the writer stays in the line for a while once it
+        // joins it: the probe below polls, and on a loaded host it missed a
+        // writer that waited only a few tens of milliseconds.
+        std::this_thread::sleep_for(120ms);
         --inside;
         l->release();
       }
