@@ -9,17 +9,17 @@
 #include "jobguard/admin.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/guard/postgres.hpp"
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/ops/doctor.hpp"
 #include "support/postgres_fixture.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"
 #include "support/tls_certs.hpp"
-#include "integration/observe/exposition_parser.hpp"
+#include "integration/ops/exposition_parser.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/lock.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 namespace {
 
 using namespace std::chrono_literals;
@@ -568,4 +568,4 @@ TEST(RedisWatch, CountsHealthyReplicasAgainstTheRequiredOnes) {
 }
 
 }  // namespace
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

@@ -1,5 +1,5 @@
 // The dashboard's pure half: parameters in, JSON out; the token check. No
-// I/O, so tests/unit/observe/dashboard_test.cpp drives it without a server.
+// I/O, so tests/unit/ops/dashboard_test.cpp drives it without a server.
 #pragma once
 
 #include <cstddef>
@@ -14,13 +14,18 @@
 #include "jobguard/admin.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/observe/fleet.hpp"
-#include "jobguard/observe/http.hpp"
+#include "jobguard/ops/http.hpp"
 
 namespace jobguard::job {
 class Catalog;
 }
 
-namespace jobguard::observe::dash {
+namespace jobguard::ops::dash {
+
+using observe::FleetClassStats;
+using observe::FleetCounts;
+using observe::FleetSeries;
+using observe::WallClock;
 
 // A request the API refuses: `status` (400, 401, 403, 404, 409) with a
 // one-line message, answered as {"error": message}.
@@ -92,4 +97,4 @@ struct StreamView {
 std::string jobs_json(const std::vector<StreamView>& streams);
 std::string dead_letter_json(const std::string& stream, const job::DeadLetter& d);
 
-}  // namespace jobguard::observe::dash
+}  // namespace jobguard::ops::dash

@@ -19,7 +19,7 @@
 
 #include "jobguard/redis/client.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 
 enum class CheckStatus { ok, warn, fail };
 const char* to_string(CheckStatus s) noexcept;  // "OK" | "WARN" | "FAIL"
@@ -146,4 +146,4 @@ class RedisWatcher {
 // The worst status among `results` (ok for none).
 CheckStatus worst(const std::vector<CheckResult>& results) noexcept;
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

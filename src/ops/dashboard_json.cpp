@@ -8,7 +8,11 @@
 #include "jobguard/text.hpp"
 #include "dashboard_internal.hpp"
 
-namespace jobguard::observe::dash {
+namespace jobguard::ops::dash {
+
+using observe::plan_window;
+using observe::WindowPlan;
+
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -247,4 +251,4 @@ std::string dead_letter_json(const std::string& stream, const job::DeadLetter& d
   return dump(j);
 }
 
-}  // namespace jobguard::observe::dash
+}  // namespace jobguard::ops::dash

@@ -1,4 +1,4 @@
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/ops/doctor.hpp"
 
 #include <fmt/format.h>
 
@@ -16,7 +16,7 @@
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/redis/script.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -665,4 +665,4 @@ std::vector<CheckResult> check_postgres(const std::string& url, const DoctorOpti
   return out;
 }
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

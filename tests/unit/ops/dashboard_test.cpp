@@ -1,13 +1,13 @@
 // The dashboard's pure half: parameters, the token check, the JSON the API
-// answers (tests/cli/observe/dashboard_cli_test.cpp runs the real server).
+// answers (tests/cli/ops/dashboard_cli_test.cpp runs the real server).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "jobguard/job/catalog.hpp"
-#include "observe/dashboard_internal.hpp"
+#include "ops/dashboard_internal.hpp"
 
-namespace jobguard::observe::dash {
+namespace jobguard::ops::dash {
 namespace {
 
 using nlohmann::json;
@@ -169,4 +169,4 @@ TEST(DashboardJson, ClassesSumTheWindowAndKeepAPointPerMinute) {
 }
 
 }  // namespace
-}  // namespace jobguard::observe::dash
+}  // namespace jobguard::ops::dash

@@ -1,7 +1,7 @@
 // The dashboard's I/O half: a worker thread that does the Redis work of each
 // API request and answers it, and the routes. What the answers contain is
 // built by the pure code in dashboard_json.cpp.
-#include "jobguard/observe/dashboard.hpp"
+#include "jobguard/ops/dashboard.hpp"
 
 #include <fmt/format.h>
 
@@ -30,7 +30,13 @@ extern const std::string_view app;
 extern const std::string_view style;
 }  // namespace dashboard_assets
 
-namespace observe {
+namespace ops {
+
+using observe::FleetReader;
+using observe::FleetReaderOptions;
+using observe::parse_window;
+using observe::WallClock;
+
 namespace {
 
 using dash::ApiError;
@@ -349,5 +355,5 @@ std::vector<http::Route> Dashboard::routes() {
   return out;
 }
 
-}  // namespace observe
+}  // namespace ops
 }  // namespace jobguard
