@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <map>
 #include <set>
@@ -21,6 +22,9 @@ using std::chrono::milliseconds;
 
 constexpr const char* kFields[] = {"name", "key", "owner", "protects", "consequence", "ttl",
                                    "renewal", "hard_timeout", "fencing", "on_redis_down", "fallback"};
+
+// Optional: a class without them is a plain lock.
+constexpr const char* kOptionalFields[] = {"permits", "mode"};
 
 int line_of(const YAML::Node& n) { return n.Mark().line >= 0 ? n.Mark().line + 1 : 0; }
 
@@ -45,6 +49,33 @@ std::optional<bool> boolean(const YAML::Node& n) {
   return std::nullopt;
 }
 
+// The optional `permits: N` (a semaphore) and `mode: shared|exclusive` (a
+// read-write lock): what a unit's lock excludes. Their contradictions with
+// each other and with the decision matrix are LockClass::validate()'s.
+void read_exclusion(const YAML::Node& node, const std::string& label, Collector& c, LockClass& lc) {
+  if (const auto n = node["permits"]) {
+    const auto v = scalar(n);
+    int permits = 0;
+    bool good = false;
+    if (v) {
+      const char* end = v->data() + v->size();
+      const auto [at, ec] = std::from_chars(v->data(), end, permits);
+      good = ec == std::errc() && at == end && permits >= 1 && permits <= LockOptions::kMaxPermits;
+    }
+    if (!good)
+      c.error(line_of(n), label,
+              fmt::format("permits \"{}\": expected a whole number in 1..{} (omit it for a lock)", v.value_or(""),
+                          LockOptions::kMaxPermits));
+    else lc.permits = permits;
+  }
+  if (const auto n = node["mode"]) {
+    const auto v = scalar(n);
+    if (v && *v == "shared") lc.mode = LockMode::shared;
+    else if (v && *v == "exclusive") lc.mode = LockMode::exclusive;
+    else c.error(line_of(n), label, fmt::format("mode \"{}\": expected shared or exclusive (omit it for a lock)", v.value_or("")));
+  }
+}
+
 // One class entry: every finding it has, and the class when it has none.
 std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index, Collector& c) {
   const int line = line_of(node);
@@ -58,10 +89,11 @@ std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index
   std::set<std::string> present;
   for (const auto& kv : node) {
     const auto k = kv.first.Scalar();
-    if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields))
+    if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields) &&
+        std::find(std::begin(kOptionalFields), std::end(kOptionalFields), k) == std::end(kOptionalFields))
       c.error(line_of(kv.first), label,
               fmt::format("unknown field '{}' (fields: name, key, owner, protects, consequence, ttl, renewal, "
-                          "hard_timeout, fencing, on_redis_down, fallback)", k));
+                          "hard_timeout, fencing, on_redis_down, fallback; optional: permits, mode)", k));
     present.insert(k);
   }
   for (const char* f : kFields)
@@ -121,6 +153,7 @@ std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index
   };
   duration("ttl", lc.ttl, false);
   duration("hard_timeout", lc.hard_timeout, true);
+  read_exclusion(node, label, c, lc);
   if (c.out.size() != before) return std::nullopt;
 
   // The decision matrix: LockClass::validate() is the one place it lives.
@@ -182,6 +215,21 @@ std::string guards_of(const LockClass& lc) {
     case Consequence::high: return "PostgreSQL advisory lock + completion record + fencing";
   }
   return "";
+}
+
+// The key kind of a unit's lock: KeyBuilder's holders key of each primitive.
+const char* redis_kind(const LockClass& lc) {
+  if (lc.permits > 0) return "sem";
+  if (lc.mode == LockMode::shared) return "rwr";
+  if (lc.mode == LockMode::exclusive) return "rww";
+  return "lock";
+}
+
+std::string holders_of(const LockClass& lc) {
+  if (lc.permits > 0) return fmt::format("at most {} at once (a counting semaphore, docs/semaphore.md)", lc.permits);
+  if (lc.mode == LockMode::shared)
+    return "readers together, never beside the resource's writer (a read-write lock, docs/rwlock.md)";
+  return "the writer alone: no reader, no other writer (a read-write lock, docs/rwlock.md)";
 }
 
 // Observed quantiles are estimates: a millisecond is precision enough.
@@ -359,7 +407,8 @@ std::string render_markdown(const Catalog& catalog) {
     o += fmt::format("\n## {}\n\n", lc.name);
     o += fmt::format("- **Protects:** {}\n", lc.protects);
     o += fmt::format("- **Owner:** {}\n", lc.owner);
-    o += fmt::format("- **Key:** `{}` (Redis key `<prefix>:lock:{{{}}}`)\n", lc.key_pattern, lc.key_pattern);
+    o += fmt::format("- **Key:** `{}` (Redis key `<prefix>:{}:{{{}}}`)\n", lc.key_pattern, redis_kind(lc), lc.key_pattern);
+    if (lc.permits > 0 || lc.mode != LockMode::mutex) o += fmt::format("- **Holders:** {}\n", holders_of(lc));
     o += fmt::format("- **Consequence:** {} — guards: {}\n", to_string(lc.consequence), guards_of(lc));
     if (lc.long_running)
       o += fmt::format("- **TTL:** {}, renewed every ttl/3 while the job runs; hard timeout {}\n", fmt_ms(lc.ttl),
@@ -403,6 +452,7 @@ std::string render_html(const Catalog& catalog) {
     row("Protects", html_escape(lc.protects));
     row("Owner", html_escape(lc.owner));
     row("Key", "<code>" + html_escape(lc.key_pattern) + "</code>");
+    if (lc.permits > 0 || lc.mode != LockMode::mutex) row("Holders", holders_of(lc));
     row("Consequence", fmt::format("{} — guards: {}", to_string(lc.consequence), guards_of(lc)));
     row("TTL", lc.long_running ? fmt::format("{}, renewed every ttl/3; hard timeout {}", fmt_ms(lc.ttl),
                                              fmt_ms(lc.hard_timeout))

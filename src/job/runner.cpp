@@ -215,7 +215,10 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
   auto* ri = dynamic_cast<guard::RedisIdempotencyStore*>(b_.idempotency);
   redis::Client* lock_client = &leases_->service().client();
   // (On a Redis Cluster the record's and the key's slots are not the lock's.)
-  if (cls_.consequence != Consequence::high && rc && &rc->client() == lock_client && !lock_client->options().cluster &&
+  // (The one-call scripts take and release the mutex key: a semaphore's or
+  // read-write lock's class goes the step-by-step way.)
+  if (cls_.consequence != Consequence::high && cls_.permits == 0 && cls_.mode == LockMode::mutex && rc &&
+      &rc->client() == lock_client && !lock_client->options().cluster &&
       (!b_.idempotency || (ri && &ri->client() == lock_client && ri->options().retention.count() > 0))) {
     auto f = std::make_shared<Fused>();
     f->completions = rc;
@@ -233,7 +236,12 @@ GuardedRunner::GuardedRunner(std::shared_ptr<LeaseScheduler> leases, LockClass c
 GuardedRunner::~GuardedRunner() = default;
 
 std::string GuardedRunner::lock_key_for(std::string_view unit_id) const {
-  return leases_->service().keys().lock_key(cls_.resource_for(unit_id));
+  const auto& k = leases_->service().keys();
+  const auto resource = cls_.resource_for(unit_id);
+  if (cls_.permits > 0) return k.permit_holders_key(resource);
+  if (cls_.mode == LockMode::shared) return k.rw_readers_key(resource);
+  if (cls_.mode == LockMode::exclusive) return k.rw_writer_key(resource);
+  return k.lock_key(resource);
 }
 
 std::unique_ptr<guard::PgConnection> GuardedRunner::take_pg() {
@@ -550,6 +558,8 @@ awaitable<void> GuardedRunner::run_guarded(Attempt& a, RunResult& r) {
   lo.lock_class = cls_.name;
   lo.replicas = cls_.replicas;
   lo.on_unconfirmed = cls_.on_unconfirmed;
+  lo.permits = cls_.permits;
+  lo.mode = cls_.mode;
   auto hold = [&](Lock lock) {
     if (cls_.long_running) {
       LeaseOptions leo;
