@@ -87,6 +87,41 @@ TEST_F(RwLockTest, ReadersHoldTogetherAndAWriterHoldsAlone) {
   EXPECT_TRUE(svc->acquire(r, reader()));
 }
 
+TEST_F(RwLockTest, ListedOnceEachAndTheLongestWaitingWriterIsReported) {
+  const auto read = resource("books"), write = resource("stock"), idle = resource("idle");
+  auto r1 = svc->acquire(read, reader());
+  auto r2 = svc->acquire(read, reader());
+  auto w = svc->acquire(write, writer());
+  ASSERT_TRUE(r1 && r2 && w);
+  auto gone = svc->acquire(idle, reader());
+  ASSERT_TRUE(gone && gone->release());  // no live holder: not listed
+  EXPECT_EQ(inspect_rwlock(*svc, read).writer_waiting, 0ms);
+
+  const std::int64_t before = server_ms();
+  auto waiting = std::async(std::launch::async, [&] { return svc->acquire(read, writer(10s, 10s)); });
+  ASSERT_TRUE(eventually([&] { return waiting_writers(read) == 1; }));
+  auto info = inspect_rwlock(*svc, read);
+  EXPECT_EQ(info.waiting_writers, 1);
+  EXPECT_GE(info.writer_waiting, 0ms);
+  EXPECT_LE(info.writer_waiting.count(), info.server_time_ms - before);
+
+  const auto all = admin::list_rwlocks(*svc, {.prefix = resource("")});
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].resource, read);  // sorted
+  EXPECT_EQ(all[0].readers.size(), 2u);
+  EXPECT_EQ(all[0].waiting_writers, 1);
+  EXPECT_EQ(all[1].resource, write);
+  ASSERT_TRUE(all[1].writer);
+  EXPECT_EQ(all[1].writer->token, w->token());
+  EXPECT_EQ(admin::list_rwlocks(*svc, {.prefix = resource(""), .limit = 1}).size(), 1u);
+  EXPECT_EQ(admin::list_rwlocks(*svc, {.prefix = resource("b")}).size(), 1u);
+
+  EXPECT_TRUE(r1->release() && r2->release());
+  auto granted = waiting.get();
+  ASSERT_TRUE(granted);
+  EXPECT_EQ(inspect_rwlock(*svc, read).writer_waiting, 0ms);
+}
+
 TEST_F(RwLockTest, AWaitingWriterStopsNewReadersAndIsFencedAfterTheReadersItExcluded) {
   const auto r = resource("ledger");
   auto a = svc->acquire(r, reader());
