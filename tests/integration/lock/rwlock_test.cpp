@@ -122,6 +122,38 @@ TEST_F(RwLockTest, ListedOnceEachAndTheLongestWaitingWriterIsReported) {
   EXPECT_EQ(inspect_rwlock(*svc, read).writer_waiting, 0ms);
 }
 
+// The four numbers per class (docs/observability.md), counted for readers
+// and writers as for locks.
+TEST_F(RwLockTest, TheClassNumbersCountReadersAndWritersAsTheyCountLocks) {
+  const auto r = resource("book");
+  observe::Registry registry;  // before the client: scope-exit releases count into it from the loop
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2, LockServiceOptions{.metrics = &registry});
+  auto sched2 = LeaseScheduler::create(svc2);
+  LockOptions ro = reader(1s), wo = writer(1s);
+  ro.lock_class = wo.lock_class = "book";
+  auto& m = registry.lock_class("book");
+  auto r1 = svc2->acquire(r, ro);
+  auto r2 = svc2->acquire(r, ro);
+  ASSERT_TRUE(r1 && r2);
+  EXPECT_FALSE(svc2->acquire(r, wo));
+  EXPECT_EQ(m.acquisitions_total.value(), 2u);
+  EXPECT_EQ(m.busy_total.value(), 1u);
+  EXPECT_EQ(m.contended_total.value(), 1u);
+  EXPECT_EQ(m.wait_seconds.snapshot().count, 3u);
+  EXPECT_TRUE(r1->release() && r2->release());
+  ASSERT_TRUE(eventually([&] { return m.releases_total.value() == 2; }));
+  EXPECT_EQ(m.hold_seconds.snapshot().count, 2u);
+  auto w = svc2->acquire(r, wo);
+  ASSERT_TRUE(w);
+  Lease lease = sched2->adopt(std::move(*w));
+  EXPECT_EQ(force_release_rw(*svc, r, {.reason = "test"}).outcome, admin::ForceReleaseResult::Outcome::released);
+  ASSERT_TRUE(eventually([&] { return lease.lost(); }, 5s));
+  ASSERT_TRUE(eventually([&] { return m.hold_seconds.snapshot().count == 3; }));
+  EXPECT_EQ(m.leases_lost_total.value(), 1u);
+  EXPECT_EQ(m.acquisitions_total.value(), 3u);
+}
+
 TEST_F(RwLockTest, AWaitingWriterStopsNewReadersAndIsFencedAfterTheReadersItExcluded) {
   const auto r = resource("ledger");
   auto a = svc->acquire(r, reader());
