@@ -9,6 +9,7 @@
 
 #include "cli.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/job/catalog.hpp"
 #include "jobguard/ops/doctor.hpp"
 #include "jobguard/redis/client.hpp"
 
@@ -17,12 +18,15 @@ namespace {
 
 constexpr const char* kDoctorHelp = R"(Check the lock Redis (and PostgreSQL with --postgres), one line per check:
   connection role replicas eviction evicted_keys persistence lua acl latency
-  clock cluster shared_workload  [pg_connection pg_role pg_schema
-  pg_advisory_locks pg_latency pg_clock]
+  clock cluster shared_workload semaphores rwlocks  [pg_connection pg_role
+  pg_schema pg_advisory_locks pg_latency pg_clock]
 Each line is OK, WARN or FAIL with what was seen and, for WARN/FAIL, what to
 do (docs/operations.md: what each finding means). The permission probe writes
 and deletes the keys <prefix>:doctor:{probe}[:audit] and {<prefix>:fleet}:doctor-probe;
-everything else only reads.
+everything else only reads. semaphores and rwlocks look at the live
+semaphores and read-write locks (SCAN, up to 1000 of each): one over its
+count, a writer waiting 60s or more behind readers, a plain lock held beside
+them; with --catalog FILE also one that breaks its class's permits or mode.
 
 Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
 when the connection check fails, its error's status below (69 Redis unreachable,
@@ -36,6 +40,7 @@ inline constexpr int failures = 2;
 struct DoctorArgs {
   std::string key_prefix = "jobguard";
   int pings = 5;
+  std::string catalog;
 };
 
 int run_doctor(const Globals& g, const DoctorArgs& a) {
@@ -44,6 +49,7 @@ int run_doctor(const Globals& g, const DoctorArgs& a) {
   ops::DoctorOptions o;
   o.key_prefix = a.key_prefix;
   o.pings = a.pings;
+  if (!a.catalog.empty()) o.catalog = std::make_shared<const job::Catalog>(job::Catalog::load(a.catalog));
   std::vector<ops::CheckResult> results;
   {
     redis::Client client(conn);
@@ -93,6 +99,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   doc->add_option("--pings", a->pings, "PINGs timed for the latency check")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  doc->add_option("--catalog", a->catalog, "Lock catalog YAML: judge semaphores and read-write locks by their class");
   out.emplace_back(doc, [&g, a] { return run_doctor(g, *a); });
 }
 

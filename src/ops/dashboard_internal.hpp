@@ -15,6 +15,8 @@
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/ops/http.hpp"
+#include "jobguard/rwlock.hpp"
+#include "jobguard/semaphore.hpp"
 
 namespace jobguard::job {
 class Catalog;
@@ -71,6 +73,13 @@ using CatalogPtr = const job::Catalog*;
 // /api/locks: the listing as `jobguard locks ls --json` prints it, plus
 // server_time_ms, truncated and the catalog's classes with their TTLs.
 std::string locks_json(const admin::ListResult& res, CatalogPtr catalog, bool truncated);
+
+// /api/primitives: the semaphores with live permits (holders by slot, the
+// stored count, the catalog's declared permits) and the read-write locks
+// with a live holder (the writer, the readers, the waiting writers and how
+// long the first has waited), each with its catalog class.
+std::string primitives_json(const std::vector<SemaphoreInfo>& sems, const std::vector<RwLockInfo>& rws,
+                            CatalogPtr catalog, bool truncated);
 
 // /api/classes: the four numbers over the last `window` minutes and per-minute
 // series over the hour, per class; the declared TTL when a catalog has the class.

@@ -525,6 +525,8 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
   guarded("clock_steps", [&] { return clock_steps_check(c, steps); });
   guarded("cluster", [&] { return check_cluster(c, info); });
   guarded("shared_workload", [&] { return check_shared(c, info, o); });
+  guarded("semaphores", [&] { return check_semaphores(c, o); });
+  guarded("rwlocks", [&] { return check_rwlocks(c, o); });
   return out;
 }
 

@@ -160,10 +160,11 @@ function seconds(text) {  // "19.2s", "850ms", "1m05s" -> seconds
   return NaN;
 }
 
-async function holdLock(base, key, job) {
+// `extra`: more `run` flags (--permits N, --shared, --exclusive --wait 20s).
+async function holdLock(base, key, job, extra = []) {
   const go = path.join(work, `go-${job}`);
-  const p = start(args.jobguard, ['--redis', base, 'run', '--key', key, '--ttl', '20s', '--fence', '--job-id', job, '--',
-    'sh', '-c', 'while [ ! -e "$0" ]; do sleep 0.05; done', go]);
+  const p = start(args.jobguard, ['--redis', base, 'run', '--key', key, '--ttl', '20s', '--fence', '--job-id', job, ...extra,
+    '--', 'sh', '-c', 'while [ ! -e "$0" ]; do sleep 0.05; done', go]);
   p.go = () => fs.writeFileSync(go, '');
   return p;
 }
@@ -277,6 +278,36 @@ async function main() {
   await eventually('dash:held to disappear', async () => (await row(page, 'dash:held').count()) === 0, 5000);
   await eventually('the acquisitions counter to move', async () => (await acquired()) > before, 10000);
   log(`released: gone from the page; acquisitions ${before} -> ${await acquired()}`);
+
+  // 2b. Semaphore permits and read-write holders taken by `jobguard run`:
+  // holders per permit slot, the readers, then a writer waiting behind them.
+  const permits = [await holdLock(url, 'psp:acme', 'browser-permit-a', ['--permits', '2']),
+    await holdLock(url, 'psp:acme', 'browser-permit-b', ['--permits', '2'])];
+  const sem = page.locator('#sem-list tr[data-resource="psp:acme"]');
+  await eventually('the semaphore with both holders', async () => (await sem.locator('.slot').count()) === 2, 10000);
+  const slots = (await sem.locator('.slot').allTextContents()).join(' | ');
+  if (!/^#0 .*browser-permit-[ab]/.test(slots) || !/#1 .*browser-permit-[ab]/.test(slots) ||
+      !slots.includes('browser-permit-a') || !slots.includes('browser-permit-b'))
+    fail(`permit slots read "${slots}"`);
+  const reader = await holdLock(url, 'book:7', 'browser-reader', ['--shared']);
+  const rw = page.locator('#rw-list tr[data-resource="book:7"]');
+  await eventually('the reader', async () => (await rw.locator('.reader').count()) === 1, 10000);
+  if (!(await rw.locator('.reader').textContent()).includes(`${os.hostname()}/${reader.pid}/browser-reader`))
+    fail(`reader shown as "${await rw.locator('.reader').textContent()}"`);
+  const writer = await holdLock(url, 'book:7', 'browser-writer', ['--exclusive', '--wait', '20s']);
+  await eventually('the writer waiting behind the reader', async () => /1 writer, first for/.test(await rw.locator('.waiting').textContent()), 10000);
+  if ((await rw.locator('.writer').textContent()) !== '-') fail('a writer is shown holding beside a reader');
+  reader.go();
+  await eventually('the writer holding alone', async () => (await rw.locator('.writer').textContent()).includes('browser-writer') &&
+    (await rw.locator('.reader').count()) === 0, 10000);
+  for (const p of [...permits, writer]) p.go();
+  for (const p of [...permits, reader, writer]) {
+    const code = await p.exited;
+    if (code !== 0) fail(`a \`jobguard run\` holding a permit or the read-write lock exited ${code}: ${p.err}`);
+  }
+  await eventually('the semaphore and the read-write lock gone', async () => !(await page.locator('#sems-empty').isHidden()) &&
+    !(await page.locator('#rws-empty').isHidden()), 10000);
+  log(`semaphore: slots ${slots}; read-write lock: a reader, then the writer that waited for it`);
 
   // 3. Force release: refused without the token and with a wrong one (by the
   // server: the page only relays its answer), done with it, then audited.

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +19,10 @@
 #include <vector>
 
 #include "jobguard/redis/client.hpp"
+
+namespace jobguard::job {
+class Catalog;
+}
 
 namespace jobguard::ops {
 
@@ -58,6 +63,16 @@ struct DoctorOptions {
   std::int64_t shared_min_keys = 1000;
   // This host's wall clock. Default empty = std::chrono::system_clock::now.
   std::function<std::chrono::system_clock::time_point()> now;
+  // The semaphores and rwlocks checks: a writer of a read-write lock that
+  // has waited this long behind its resource's holders is WARN. Default 60 s.
+  std::chrono::milliseconds writer_wait_warn{60000};
+  // Most semaphores and read-write locks (each) those checks inspect; the
+  // rest are counted as not looked at. Default 1000.
+  std::size_t primitives_limit = 1000;
+  // The lock catalog: a semaphore or read-write lock whose resource belongs
+  // to a class is judged against what the class declares (its permits, its
+  // mode). Default none.
+  std::shared_ptr<const job::Catalog> catalog{};
 };
 
 // Connects nowhere itself: `client` must point at the lock Redis. Returns
@@ -72,6 +87,19 @@ std::vector<CheckResult> check_redis(redis::Client& client, const DoctorOptions&
 // opts.now at the round trip's midpoint. Both throw Error when Redis fails.
 CheckResult check_latency(redis::Client& client, const DoctorOptions& opts = {});
 CheckResult check_clock(redis::Client& client, const DoctorOptions& opts = {});
+
+// The live semaphores of the prefix (SCAN, then one inspect each): WARN for
+// one with more holders than its stored permit count (lowered under them:
+// no permit is granted until they are fewer) or than its catalog class
+// declares, one whose stored count differs from its class's permits, one
+// whose class is not a semaphore, and one whose resource also has a live
+// plain lock or read-write lock holder (they do not exclude each other).
+CheckResult check_semaphores(redis::Client& client, const DoctorOptions& opts = {});
+// The live read-write locks of the prefix: WARN for one whose longest
+// waiting writer has waited writer_wait_warn or more (readers holding long:
+// new readers queue behind that writer), one whose class declares no mode,
+// and one whose resource also has a live plain lock or semaphore permit.
+CheckResult check_rwlocks(redis::Client& client, const DoctorOptions& opts = {});
 
 // Connection, primary role, the jobguard tables (`jobguard pg migrate`),
 // advisory locks, latency and clock offset of a PostgreSQL server.

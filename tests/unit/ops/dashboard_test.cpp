@@ -103,6 +103,54 @@ TEST(DashboardJson, LocksCarryTheListingAndTheCatalogsClasses) {
   EXPECT_EQ(json::parse(locks_json(admin::ListResult{}, nullptr, false)).at("locks"), json::array());
 }
 
+TEST(DashboardJson, PrimitivesShowHoldersPerPermitReadersTheWriterAndTheirClasses) {
+  SemaphoreInfo s;
+  s.resource = "psp:acme";
+  s.key = "jobguard:sem:{psp:acme}";
+  s.stored_permits = 2;
+  s.holders = {{"web-1/10/pay", 0, std::chrono::milliseconds(900)}, {"web-2/11/pay", 1, std::chrono::milliseconds(400)}};
+  s.waiters = 3;
+  s.fence = 7;
+  s.server_time_ms = 1700000000000;
+  RwLockInfo rw;
+  rw.resource = "book:1";
+  rw.readers = {{"t1", "web-1/12/report", std::chrono::milliseconds(800)}};
+  rw.waiters = 1;
+  rw.waiting_writers = 1;
+  rw.writer_waiting = std::chrono::milliseconds(2500);
+  RwLockInfo w;
+  w.resource = "book:2";
+  w.writer = RwHolder{"t2", "web-3/13/rebuild", std::chrono::milliseconds(300)};
+  const auto catalog = job::Catalog::parse(R"(classes:
+  - {name: psp, key: "psp:{id}", owner: o, protects: p, consequence: low, ttl: 30s, renewal: false,
+     hard_timeout: none, fencing: false, on_redis_down: fail-closed, fallback: f, permits: 5}
+  - {name: report, key: "book:{id}", owner: o, protects: p, consequence: low, ttl: 30s, renewal: false,
+     hard_timeout: none, fencing: false, on_redis_down: fail-closed, fallback: f, mode: shared})", "test.yaml");
+  const auto j = json::parse(primitives_json({s}, {rw, w}, &catalog, false));
+  EXPECT_EQ(j.at("server_time_ms"), 1700000000000);
+  EXPECT_EQ(j.at("truncated"), false);
+  const auto& sj = j.at("semaphores").at(0);
+  EXPECT_EQ(sj.at("class"), "psp");
+  EXPECT_EQ(sj.at("stored_permits"), 2);
+  EXPECT_EQ(sj.at("declared_permits"), 5);
+  EXPECT_EQ(sj.at("holders").size(), 2u);
+  EXPECT_EQ(sj.at("holders").at(1).at("slot"), 1);
+  EXPECT_EQ(sj.at("holders").at(1).at("holder"), "web-2/11/pay");
+  EXPECT_EQ(sj.at("waiters"), 3);
+  EXPECT_EQ(sj.at("fence"), 7);
+  const auto& r1 = j.at("rwlocks").at(0);
+  EXPECT_EQ(r1.at("class"), "report");
+  EXPECT_TRUE(r1.at("writer").is_null());
+  EXPECT_EQ(r1.at("readers").at(0).at("holder"), "web-1/12/report");
+  EXPECT_EQ(r1.at("writer_waiting_ms"), 2500);
+  EXPECT_EQ(j.at("rwlocks").at(1).at("writer").at("holder"), "web-3/13/rebuild");
+  EXPECT_TRUE(j.at("rwlocks").at(1).at("writer_waiting_ms").is_null());
+  const auto none = json::parse(primitives_json({}, {}, nullptr, true));
+  EXPECT_EQ(none.at("semaphores"), json::array());
+  EXPECT_TRUE(none.at("server_time_ms").is_null());
+  EXPECT_EQ(none.at("truncated"), true);
+}
+
 TEST(DashboardJson, IncidentsMergeAuditAndRecordsNewestFirstBesideTheFleetsCounts) {
   FleetSeries hour;
   hour.minutes = {1000, 1001};
