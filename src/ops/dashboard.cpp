@@ -223,6 +223,11 @@ struct Dashboard::Impl {
     });
   }
 
+  http::Response lock_state(const http::Request& req) {
+    const Params p(req.query, {});
+    return cached("lock-state", [&] { return dash::lock_state_json(read_lock_state(client), client.options().cluster); });
+  }
+
   http::Response classes(const http::Request& req) {
     const Params p(req.query, {"window"});
     std::chrono::minutes window{5};
@@ -379,6 +384,7 @@ std::vector<http::Route> Dashboard::routes() {
   api("/api/locks", "GET", &Impl::list);
   api("/api/lock", "GET", &Impl::one_lock);
   api("/api/primitives", "GET", &Impl::primitives);
+  api("/api/lock-state", "GET", &Impl::lock_state);
   api("/api/classes", "GET", &Impl::classes);
   api("/api/incidents", "GET", &Impl::incidents);
   api("/api/jobs", "GET", &Impl::jobs);

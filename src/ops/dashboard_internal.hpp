@@ -14,6 +14,7 @@
 #include "jobguard/admin.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/observe/fleet.hpp"
+#include "jobguard/ops/doctor.hpp"
 #include "jobguard/ops/http.hpp"
 #include "jobguard/rwlock.hpp"
 #include "jobguard/semaphore.hpp"
@@ -80,6 +81,12 @@ std::string locks_json(const admin::ListResult& res, CatalogPtr catalog, bool tr
 // long the first has waited), each with its catalog class.
 std::string primitives_json(const std::vector<SemaphoreInfo>& sems, const std::vector<RwLockInfo>& rws,
                             CatalogPtr catalog, bool truncated);
+
+// /api/lock-state: per server (each primary of a cluster) whether grants are
+// quarantined (until when, why), the clock steps lock clients found (how
+// many, the last one's size and time) and what it may evict: what `doctor`
+// and /metrics read (read_lock_state).
+std::string lock_state_json(const std::vector<LockStateServer>& servers, bool cluster);
 
 // /api/classes: the four numbers over the last `window` minutes and per-minute
 // series over the hour, per class; the declared TTL when a catalog has the class.

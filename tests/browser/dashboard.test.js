@@ -148,6 +148,29 @@ class Resp {
   close() { this.sock.destroy(); }
 }
 
+// A private redis-server without persistence on `port`, ours: its INFO must
+// show our child's pid.
+async function startRedis(port) {
+  const proc = start(args.redis, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+    '--dir', work]);
+  await eventually(`our redis-server on ${port}`, async () => {
+    const r = new Resp(port);
+    await r.connect();
+    const info = await r.send('INFO', 'server');
+    r.close();
+    return info.includes(`process_id:${proc.pid}\r`);
+  });
+  return proc;
+}
+
+// `jobguard server trust`: the documented way to record a server started empty as intact.
+function trust(url) {
+  const t = require('child_process').spawnSync(args.jobguard,
+    ['--redis', url, 'server', 'trust', '--reason', 'browser test: a server started a moment ago'],
+    { encoding: 'utf8', timeout: 30000 });
+  if (t.status !== 0) fail(`jobguard server trust exited ${t.status}: ${t.stderr}`);
+}
+
 // --- the page ------------------------------------------------------------------------
 
 const row = (page, resource) => page.locator(`#lock-rows .lockrow[data-resource="${resource}"]`);
@@ -179,26 +202,13 @@ async function main() {
   }
   work = fs.mkdtempSync(path.join(os.tmpdir(), 'jobguard-browser-'));
 
-  // A private redis-server, ours: its INFO must show our child's pid.
   const redisPort = await freePort();
-  const redisProc = start(args.redis, ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-    '--dir', work]);
+  await startRedis(redisPort);
   const redis = new Resp(redisPort);
-  await eventually('our redis-server', async () => {
-    const r = new Resp(redisPort);
-    await r.connect();
-    const info = await r.send('INFO', 'server');
-    r.close();
-    return info.includes(`process_id:${redisProc.pid}\r`);
-  });
   await redis.connect();
   const url = `redis://127.0.0.1:${redisPort}/0`;
-  // The server was started empty: record it as intact, the documented way
-  // (`jobguard server trust`), so grants need no quarantine.
-  const trusted = require('child_process').spawnSync(args.jobguard,
-    ['--redis', url, 'server', 'trust', '--reason', 'browser test: a server started a moment ago'],
-    { encoding: 'utf8', timeout: 30000 });
-  if (trusted.status !== 0) fail(`jobguard server trust exited ${trusted.status}: ${trusted.stderr}`);
+  // The server was started empty: record it as intact, so grants need no quarantine.
+  trust(url);
 
   // A catalog naming the class `jobguard run` publishes ("run") for dash:{id}.
   const catalog = path.join(work, 'catalog.yaml');
@@ -308,6 +318,39 @@ async function main() {
   await eventually('the semaphore and the read-write lock gone', async () => !(await page.locator('#sems-empty').isHidden()) &&
     !(await page.locator('#rws-empty').isHidden()), 10000);
   log(`semaphore: slots ${slots}; read-write lock: a reader, then the writer that waited for it`);
+
+  // 2c. The lock state: the trusted server serves grants; another one,
+  // trusted, then restarted without persistence, is quarantined by the first
+  // lock client that meets it (`jobguard run` exits 69), and its page says
+  // why and until when.
+  const stateRow = (p) => p.locator('#state-list tbody tr');
+  await eventually('the trusted server in the lock state', async () => (await stateRow(page).count()) === 1 &&
+    (await stateRow(page).locator('.quarantine').textContent()) === 'none: grants are served', 10000);
+  const stateText = (await stateRow(page).allTextContents())[0];
+  if (!stateText.includes(`127.0.0.1:${redisPort}`) || !stateText.includes('none found') || !stateText.includes('noeviction, 0 evicted'))
+    fail(`the trusted server's lock state reads "${stateText}"`);
+  const port2 = await freePort();
+  const first = await startRedis(port2);
+  const url2 = `redis://127.0.0.1:${port2}/0`;
+  trust(url2);
+  first.kill('SIGKILL');
+  await first.exited;
+  await startRedis(port2);
+  const refused = require('child_process').spawnSync(args.jobguard, ['--redis', url2, 'run', '--key', 'q:1', '--', 'true'],
+    { encoding: 'utf8', timeout: 30000 });
+  if (refused.status !== 69) fail(`run against the restarted server exited ${refused.status}, not 69: ${refused.stderr}`);
+  const serve2 = start(args.jobguard, ['--json', '--redis', url2, 'serve', '--listen', '127.0.0.1:0']);
+  const ready2 = await eventually('the second serve', () => serve2.out.includes('\n') && JSON.parse(serve2.out.split('\n')[0]));
+  const page3 = await context.newPage();
+  await page3.goto(`${ready2.listening}/`);
+  const quarantine = stateRow(page3).locator('.quarantine.quarantined');
+  await eventually('the quarantine on the page', () => quarantine.count(), 10000);
+  const quarantineText = await quarantine.textContent();
+  if (!/^quarantined for \S+ more \(until \d{4}-\d\d-\d\d [\d:.]+ UTC\): no lock-state record: restarted without persistence/
+    .test(quarantineText)) fail(`the quarantine reads "${quarantineText}"`);
+  await page3.close();
+  serve2.kill('SIGTERM');
+  log(`lock state: trusted server "${stateText}"; restarted one "${quarantineText}"`);
 
   // 3. Force release: refused without the token and with a wrong one (by the
   // server: the page only relays its answer), done with it, then audited.

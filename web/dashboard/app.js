@@ -452,6 +452,28 @@ async function refreshPrimitives() {
   $('rws-empty').hidden = data.rwlocks.length > 0;
 }
 
+// --- lock state ------------------------------------------------------------------------
+
+function mib(bytes) { return `${Math.round(bytes / 1048576)} MiB`; }
+
+async function refreshLockState() {
+  const data = await api('/api/lock-state');
+  $('state-list').tBodies[0].replaceChildren(...data.servers.map((s) => {
+    const quarantine = s.quarantined
+      ? `quarantined for ${duration(s.quarantine_left_ms)} more (until ${when(s.quarantine_until_ms)}): ${s.reason}`
+      : (s.record ? 'none: grants are served' : 'none yet (no lock-state record: the next lock client checks)');
+    const steps = s.clock_steps > 0
+      ? `${s.clock_steps}, the last +${s.last_step_ms} ms${s.last_step_at_ms ? ` at ${when(s.last_step_at_ms)}` : ''}`
+      : 'none found';
+    const eviction = `${s.maxmemory_policy}${s.maxmemory > 0 ? ` (maxmemory ${mib(s.maxmemory)})` : ''}, ${s.evicted_keys} evicted`;
+    return el('tr', { 'data-address': s.address },
+      el('td', {}, s.address),
+      el('td', { class: `quarantine${s.quarantined ? ' quarantined' : ''}` }, quarantine),
+      el('td', { class: `steps num${s.clock_steps > 0 ? ' over' : ''}` }, steps),
+      el('td', { class: `eviction${s.evicting || s.evicted_keys > 0 ? ' over' : ''}` }, eviction));
+  }));
+}
+
 // --- jobs ----------------------------------------------------------------------------
 
 async function refreshJobs() {
@@ -512,6 +534,7 @@ async function start() {
   refreshers.push(poll(refreshIncidents, OTHERS_EVERY_MS));
   refreshers.push(poll(refreshJobs, OTHERS_EVERY_MS));
   refreshers.push(poll(refreshPrimitives, LOCKS_EVERY_MS));
+  refreshers.push(poll(refreshLockState, OTHERS_EVERY_MS));
   $('f-window').addEventListener('change', () => refreshers[1]());
   // TTL bars and ages move between polls.
   setInterval(() => { if (state.locks.length) renderRows(); }, 250);

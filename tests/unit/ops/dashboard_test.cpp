@@ -151,6 +151,38 @@ TEST(DashboardJson, PrimitivesShowHoldersPerPermitReadersTheWriterAndTheirClasse
   EXPECT_EQ(none.at("truncated"), true);
 }
 
+TEST(DashboardJson, LockStateSaysWhyAndUntilWhenAQuarantineRefusesGrantsAndWhichPrimaryStepped) {
+  LockStateServer q{.address = "10.0.0.1:6379", .record = true, .epoch = "e1", .server_time_ms = 1700000000000,
+                    .quarantine_until_ms = 1700000045000, .reason = "no lock-state record: restarted",
+                    .maxmemory_policy = "noeviction"};
+  LockStateServer stepped{.address = "10.0.0.2:6379", .record = true, .server_time_ms = 1700000000000,
+                          .quarantine_until_ms = 1699999990000, .reason = "the server clock stepped forward",
+                          .clock_steps = 2, .last_step_ms = 3001, .last_step_at_ms = 1699999930000,
+                          .maxmemory_policy = "allkeys-lru", .maxmemory = 1 << 20, .evicted_keys = 12};
+  const auto j = json::parse(lock_state_json({q, stepped}, true));
+  EXPECT_EQ(j.at("cluster"), true);
+  const auto& a = j.at("servers").at(0);
+  EXPECT_EQ(a.at("address"), "10.0.0.1:6379");
+  EXPECT_EQ(a.at("quarantined"), true);
+  EXPECT_EQ(a.at("quarantine_until_ms"), 1700000045000);
+  EXPECT_EQ(a.at("quarantine_left_ms"), 45000);
+  EXPECT_EQ(a.at("reason"), "no lock-state record: restarted");
+  EXPECT_EQ(a.at("clock_steps"), 0);
+  EXPECT_TRUE(a.at("last_step_ms").is_null());
+  EXPECT_EQ(a.at("evicting"), false);
+  // A quarantine that is over is not shown, nor its reason.
+  const auto& b = j.at("servers").at(1);
+  EXPECT_EQ(b.at("quarantined"), false);
+  EXPECT_TRUE(b.at("quarantine_until_ms").is_null());
+  EXPECT_TRUE(b.at("reason").is_null());
+  EXPECT_EQ(b.at("clock_steps"), 2);
+  EXPECT_EQ(b.at("last_step_ms"), 3001);
+  EXPECT_EQ(b.at("last_step_at_ms"), 1699999930000);
+  EXPECT_EQ(b.at("maxmemory_policy"), "allkeys-lru");
+  EXPECT_EQ(b.at("evicting"), true);
+  EXPECT_EQ(b.at("evicted_keys"), 12);
+}
+
 TEST(DashboardJson, IncidentsMergeAuditAndRecordsNewestFirstBesideTheFleetsCounts) {
   FleetSeries hour;
   hour.minutes = {1000, 1001};
