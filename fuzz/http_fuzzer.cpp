@@ -10,9 +10,9 @@
 #include <string_view>
 
 #include "check.hpp"
-#include "observe/http_request.hpp"
+#include "ops/http_request.hpp"
 
-using namespace jobguard::observe;
+using namespace jobguard::ops;
 
 namespace {
 

@@ -3,20 +3,17 @@
 # header of a part above it (docs/architecture.md, "Layers and targets").
 #
 # The order, lowest first:
-#   common < redis < observe < lock < guard < pg < job < the CLI
+#   common < redis < observe < lock < guard < pg < job < ops < the CLI
 # and testing (the EmbeddedRedis fixture), which may include common only and
 # which no library part may include.
 #
-# A part is a CMake target, not a folder: src/observe/doctor.cpp builds into
-# jobguard_job (it reads locks, streams and the catalog and checks
-# PostgreSQL), so it may include job's headers; what builds where is read
-# from the target_sources() calls in src/*/CMakeLists.txt. A header belongs to
-# the target that builds the source of the same name
-# (include/jobguard/observe/doctor.hpp -> src/observe/doctor.cpp -> job); a
-# private header with no such source to the lowest target whose files include
-# it (src/observe/dashboard_internal.hpp -> job); else to its folder's part.
-# Every #include "…" in src/ and include/jobguard/ is checked: the includer's
-# part must not be below the included header's.
+# Folder = part: src/<part>/ builds into jobguard_<part> and nothing else, its
+# public headers are include/jobguard/<part>/ (common's and lock's also
+# directly in include/jobguard/, listed below). A .cpp in src/<part>/ that
+# src/<part>/CMakeLists.txt does not build into jobguard_<part>, or a
+# target_sources() there for another part, is a problem. Every #include "…"
+# in src/ and include/jobguard/ is checked: the includer's part must not be
+# below the included header's.
 #
 # Exit 0: no upward include. Exit 1: each upward include on one line (file,
 # its part, the header, its part), or a file the script cannot place (a .cpp
@@ -26,7 +23,7 @@ set -euo pipefail
 root=$(cd "${1:-$(dirname "${BASH_SOURCE[0]}")/..}" && pwd)
 cd "$root"
 
-declare -A level=([common]=0 [redis]=1 [observe]=2 [lock]=3 [guard]=4 [pg]=5 [job]=6 [testing]=0)
+declare -A level=([common]=0 [redis]=1 [observe]=2 [lock]=3 [guard]=4 [pg]=5 [job]=6 [ops]=7 [testing]=0)
 
 # Public headers directly under include/jobguard/, by part. jobguard.hpp is
 # the umbrella header: it may include anything, and nothing may include it.
@@ -51,12 +48,15 @@ allowed_edges=" include/jobguard/guard/completion.hpp>include/jobguard/guard/pos
 
 problems=()
 
-# Which target each source builds into: src/<dir>/<file>.cpp -> part.
+# Which target each source builds into: src/<dir>/<file>.cpp -> part, which
+# must be <dir>.
 declare -A target_of
 for cml in src/*/CMakeLists.txt; do
   dir=${cml%/CMakeLists.txt}
   # Join the file, then take every target_sources(jobguard_<part> ...) call.
   while read -r part files; do
+    [[ $part == "${dir#src/}" ]] ||
+      problems+=("$cml: target_sources(jobguard_$part ...): src/${dir#src/}/ builds jobguard_${dir#src/} only (folder = part)")
     for f in $files; do
       [[ $f == *.cpp ]] && target_of[$dir/$f]=$part
     done
@@ -88,42 +88,18 @@ while IFS= read -r file; do
   edges[$file]="$list "
 done < <(find src include/jobguard \( -name '*.cpp' -o -name '*.hpp' \) | sort)
 
-# Each file's part. A source: its target. A public header: the target of the
-# source of the same name in src/<folder>/, else its folder's part. A private
-# header (src/<folder>/x.hpp): the same, and when no source has its name, the
-# lowest part of the files that include it (it is compiled only into those),
-# else its folder's.
+# Each file's part: its folder's (src/<part>/, include/jobguard/<part>/); the
+# tables above for include/jobguard/*.hpp and include/jobguard/detail/.
 part[include/jobguard/version.hpp]=common
-orphans=()
 for file in "${files[@]}"; do
   case $file in
-    *.cpp) part[$file]=${target_of[$file]:-?} ;;
     include/jobguard/jobguard.hpp) part[$file]=umbrella ;;
     include/jobguard/detail/*) part[$file]=${detail[${file##*/}]:-?} ;;
-    include/jobguard/*/*)
-      dir=${file#include/jobguard/}; dir=${dir%%/*}; stem=${file##*/}; stem=${stem%.hpp}
-      part[$file]=${target_of[src/$dir/$stem.cpp]:-$dir} ;;
+    include/jobguard/*/*) dir=${file#include/jobguard/}; part[$file]=${dir%%/*} ;;
     include/jobguard/*) part[$file]=${top[${file##*/}]:-?} ;;
-    src/*/*)
-      dir=${file#src/}; dir=${dir%%/*}; stem=${file##*/}; stem=${stem%.hpp}
-      if [[ -n ${target_of[src/$dir/$stem.cpp]:-} ]]; then part[$file]=${target_of[src/$dir/$stem.cpp]}
-      else part[$file]=""; orphans+=("$file"); fi ;;
+    src/*/*) dir=${file#src/}; part[$file]=${dir%%/*} ;;
     *) part[$file]="?" ;;
   esac
-done
-# Private headers placed by their includers: a few passes settle includers
-# that are themselves such headers.
-for _ in 1 2 3 4; do
-  for h in "${orphans[@]}"; do
-    low=""
-    for file in "${files[@]}"; do
-      [[ ${edges[$file]} == *" $h "* ]] || continue
-      p=${part[$file]}
-      [[ -n $p && -n ${level[$p]:-} ]] || continue
-      if [[ -z $low ]] || (( ${level[$p]} < ${level[$low]} )); then low=$p; fi
-    done
-    if [[ -n $low ]]; then part[$h]=$low; else dir=${h#src/}; part[$h]=${dir%%/*}; fi
-  done
 done
 
 for file in "${files[@]}"; do
@@ -148,7 +124,7 @@ done
 
 if ((${#problems[@]})); then
   printf 'check-layers: %s\n' "${problems[@]}" >&2
-  echo "check-layers: ${#problems[@]} problem(s); the order is common < redis < observe < lock < guard < pg < job < CLI (docs/architecture.md)" >&2
+  echo "check-layers: ${#problems[@]} problem(s); the order is common < redis < observe < lock < guard < pg < job < ops < CLI (docs/architecture.md)" >&2
   exit 1
 fi
 echo "check-layers: no upward include in src/ and include/jobguard/"

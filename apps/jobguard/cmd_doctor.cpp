@@ -1,6 +1,6 @@
 // `jobguard doctor`: is this Redis (and PostgreSQL) fit for locks? One line
 // per check: OK / WARN / FAIL, what was seen, what to do. A thin layer over
-// jobguard/observe/doctor.hpp; docs/operations.md explains every finding.
+// jobguard/ops/doctor.hpp; docs/operations.md explains every finding.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -9,7 +9,8 @@
 
 #include "cli.hpp"
 #include "jobguard/error.hpp"
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/job/catalog.hpp"
+#include "jobguard/ops/doctor.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard::cli {
@@ -17,12 +18,15 @@ namespace {
 
 constexpr const char* kDoctorHelp = R"(Check the lock Redis (and PostgreSQL with --postgres), one line per check:
   connection role replicas eviction evicted_keys persistence lua acl latency
-  clock cluster shared_workload  [pg_connection pg_role pg_schema
-  pg_advisory_locks pg_latency pg_clock]
+  clock cluster shared_workload semaphores rwlocks  [pg_connection pg_role
+  pg_schema pg_advisory_locks pg_latency pg_clock]
 Each line is OK, WARN or FAIL with what was seen and, for WARN/FAIL, what to
 do (docs/operations.md: what each finding means). The permission probe writes
 and deletes the keys <prefix>:doctor:{probe}[:audit] and {<prefix>:fleet}:doctor-probe;
-everything else only reads.
+everything else only reads. semaphores and rwlocks look at the live
+semaphores and read-write locks (SCAN, up to 1000 of each): one over its
+count, a writer waiting 60s or more behind readers, a plain lock held beside
+them; with --catalog FILE also one that breaks its class's permits or mode.
 
 Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
 when the connection check fails, its error's status below (69 Redis unreachable,
@@ -36,50 +40,52 @@ inline constexpr int failures = 2;
 struct DoctorArgs {
   std::string key_prefix = "jobguard";
   int pings = 5;
+  std::string catalog;
 };
 
 int run_doctor(const Globals& g, const DoctorArgs& a) {
   auto conn = redis::parse_url(g.redis_url);
   if (conn.client_name.empty()) conn.client_name = "jobguard-doctor";
-  observe::DoctorOptions o;
+  ops::DoctorOptions o;
   o.key_prefix = a.key_prefix;
   o.pings = a.pings;
-  std::vector<observe::CheckResult> results;
+  if (!a.catalog.empty()) o.catalog = std::make_shared<const job::Catalog>(job::Catalog::load(a.catalog));
+  std::vector<ops::CheckResult> results;
   {
     redis::Client client(conn);
     // A server that never answers is the connection check's FAIL, not a hang.
     client.wait_connected(conn.connect_timeout);
-    results = observe::check_redis(client, o);
+    results = ops::check_redis(client, o);
   }
   const bool unreachable = !results.empty() && results.front().name == "connection" &&
-                           results.front().status == observe::CheckStatus::fail;
+                           results.front().status == ops::CheckStatus::fail;
   if (!g.postgres_url.empty()) {
-    auto pg = observe::check_postgres(g.postgres_url, o);
+    auto pg = ops::check_postgres(g.postgres_url, o);
     results.insert(results.end(), pg.begin(), pg.end());
   }
   if (g.json) {
     auto arr = nlohmann::ordered_json::array();
     for (const auto& r : results)
-      arr.push_back({{"check", r.name}, {"status", observe::to_string(r.status)}, {"detail", r.detail},
+      arr.push_back({{"check", r.name}, {"status", ops::to_string(r.status)}, {"detail", r.detail},
                      {"advice", r.advice}});
     std::cout << nlohmann::ordered_json{{"redis", redis::to_display_url(conn)},
-                                        {"status", observe::to_string(observe::worst(results))},
+                                        {"status", ops::to_string(ops::worst(results))},
                                         {"checks", arr}}
                      .dump()
               << "\n";
   } else {
     for (const auto& r : results) {
-      std::string line = fmt::format("{:<4} {}: {}", observe::to_string(r.status), r.name, r.detail);
+      std::string line = fmt::format("{:<4} {}: {}", ops::to_string(r.status), r.name, r.detail);
       if (!r.advice.empty()) line += " -> " + r.advice;
       std::cout << line << "\n";
     }
   }
   // Its code decides: a refused password is 78 whatever else was found.
   if (unreachable) return results.front().code ? exit_status_for(results.front().code) : exit_code::unavailable;
-  switch (observe::worst(results)) {
-    case observe::CheckStatus::ok: return exit_code::ok;
-    case observe::CheckStatus::warn: return doctor_exit::warnings;
-    case observe::CheckStatus::fail: return doctor_exit::failures;
+  switch (ops::worst(results)) {
+    case ops::CheckStatus::ok: return exit_code::ok;
+    case ops::CheckStatus::warn: return doctor_exit::warnings;
+    case ops::CheckStatus::fail: return doctor_exit::failures;
   }
   return doctor_exit::failures;
 }
@@ -93,6 +99,7 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   doc->add_option("--pings", a->pings, "PINGs timed for the latency check")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  doc->add_option("--catalog", a->catalog, "Lock catalog YAML: judge semaphores and read-write locks by their class");
   out.emplace_back(doc, [&g, a] { return run_doctor(g, *a); });
 }
 

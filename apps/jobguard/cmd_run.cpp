@@ -24,6 +24,7 @@
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
+#include "jobguard/job/catalog.hpp"
 #include "jobguard/job/lock_class.hpp"
 #include "jobguard/job/locked_run.hpp"
 #include "jobguard/lock.hpp"
@@ -40,7 +41,7 @@ constexpr const char* kRunHelp = R"(Run CMD while holding the Redis lock KEY: a 
   jobguard run --key KEY [--ttl 30s] [--wait DUR] [--timeout DUR] [--grace 10s]
                [--fence] [--fair | --permits N | --shared | --exclusive]
                [--once RUN_ID] [--job-id ID]
-               [--class NAME] [--foreground] -- CMD [ARGS...]
+               [--class NAME [--catalog FILE]] [--foreground] -- CMD [ARGS...]
   jobguard run --key A --key B [--key C...] [--ttl 30s] [--wait DUR] [--fence]
                [--timeout DUR] [--grace 10s] [--job-id ID] [--class NAME]
                [--foreground] -- CMD [ARGS...]
@@ -106,6 +107,13 @@ before the lock is released. Records live in PostgreSQL when --postgres (or
 $JOBGUARD_POSTGRES_URL) is set (tables from `jobguard pg migrate`), else in
 Redis under jobguard:done:.
 
+--catalog FILE (with --class NAME): NAME's declaration in the lock catalog
+FILE decides what the run holds: one of its `permits` (as --permits), its
+`mode` (as --shared / --exclusive) or the plain lock; its ttl, its fencing
+(as --fence), and CMD's --timeout unless given (the hard_timeout of a
+renewing class, the ttl of any other). --ttl, --permits, --shared or
+--exclusive with --catalog, or a NAME the file lacks: exit 64.
+
 --class NAME: the lock class this run's numbers are counted under (default
 "run"): the fleet's metrics (`jobguard stats`, `jobguard serve`'s
 jobguard_fleet_* families, label class="NAME") and the lock_class log field.
@@ -146,6 +154,8 @@ struct RunArgs {
   std::string once;
   std::string job_id;
   std::string cls = "run";
+  std::string catalog;     // --catalog FILE: class --class's declaration
+  bool ttl_given = false;  // --ttl on the command line (not its default)
   bool foreground = false;
   std::vector<std::string> cmd;
 };
@@ -169,6 +179,25 @@ struct Reporter {
                             .outcome = ev.outcome, .elapsed_ms = ev.elapsed_ms, .extra = std::move(ev.extra)});
   }
 };
+
+// --catalog: the class's declaration sets the lock's kind, TTL, fencing and
+// time limit. A flag that says the same thing is refused rather than
+// silently overridden (or overriding): the catalog is the one declaration.
+void apply_catalog(RunArgs& a) {
+  const job::LockClass cls = job::Catalog::load(a.catalog).get(a.cls);
+  for (const auto& [given, flag] : {std::pair{a.ttl_given, "--ttl"}, std::pair{!a.permits.empty(), "--permits"},
+                                    std::pair{a.shared, "--shared"}, std::pair{a.exclusive, "--exclusive"}})
+    if (given)
+      throw Error(errc::invalid_argument,
+                  fmt::format("{} with --catalog: class '{}' in {} declares it", flag, cls.name, a.catalog));
+  a.ttl = fmt::format("{}ms", cls.ttl.count());
+  a.fence = a.fence || cls.fenced || cls.consequence == job::Consequence::high;
+  if (cls.permits > 0) a.permits = std::to_string(cls.permits);
+  a.shared = cls.mode == LockMode::shared;
+  a.exclusive = cls.mode == LockMode::exclusive;
+  // A renewing class is stopped at its hard timeout; any other must finish within its TTL.
+  if (a.timeout.empty()) a.timeout = fmt::format("{}ms", (cls.long_running ? cls.hard_timeout : cls.ttl).count());
+}
 
 class Runner {
  public:
@@ -347,17 +376,22 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   sub->add_option("--job-id", args->job_id, "Job id for the owner token and the logs");
   sub->add_option("--class", args->cls, "Lock class of this run's metrics and logs (a catalog class name)")
       ->capture_default_str();
+  sub->add_option("--catalog", args->catalog,
+                  "Lock catalog YAML: --class NAME's declaration sets the lock (permits or mode), ttl, fencing, timeout");
   sub->add_flag("--foreground", args->foreground, "Put CMD in the terminal's foreground process group (it may read it)");
   // CLI11 checks that CMD is there; its words are taken verbatim from the
   // command line (cmd_after_dashes) because CLI11 rewrites "[a,b]" as a list.
   sub->add_option("CMD", args->cmd, "The command and its arguments, after --")->required();
   CLI::Option* log_format = root.get_option_no_throw("--log-format");
-  out.emplace_back(sub, [&g, args, log_format] {
+  CLI::Option* ttl = sub->get_option("--ttl");
+  out.emplace_back(sub, [&g, args, log_format, ttl] {
     Reporter rep{observe::EventLog(observe::parse_log_format(g.log_format)), log_format && log_format->count() > 0};
     auto verbatim = cmd_after_dashes({"run"});
     try {
       if (!verbatim) throw Error(errc::invalid_argument, "CMD must follow `--`: jobguard run --key KEY [FLAGS] -- CMD [ARGS...]");
       args->cmd = std::move(*verbatim);
+      args->ttl_given = ttl->count() > 0;
+      if (!args->catalog.empty()) apply_catalog(*args);
       Runner runner(g, *args, rep);
       return runner.run();
     } catch (const Error& e) {

@@ -1,6 +1,6 @@
 // `jobguard serve --listen HOST:PORT`: serves this process's lock metrics
 // (/metrics, /metrics.json, /healthz: Redis answers PING) and the dashboard
-// (/, /api/...: observe/dashboard.hpp) until SIGINT or SIGTERM.
+// (/, /api/...: ops/dashboard.hpp) until SIGINT or SIGTERM.
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -19,14 +19,14 @@
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/observe/metrics.hpp"
-#include "jobguard/observe/metrics_server.hpp"
+#include "jobguard/ops/metrics_server.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/command.hpp"
 #include "jobguard/redis/options.hpp"
-#include "jobguard/observe/fleet.hpp"
+#include "jobguard/ops/fleet_exporter.hpp"
 #include "jobguard/job/catalog.hpp"
-#include "jobguard/observe/dashboard.hpp"
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/ops/dashboard.hpp"
+#include "jobguard/ops/doctor.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -77,8 +77,8 @@ std::string admin_token(const ServeArgs& a) {
 int serve(const Globals& g, const ServeArgs& a) {
   const std::string& listen = a.listen;
   const std::string& health_timeout = a.health_timeout;
-  observe::MetricsServerOptions opt;
-  opt.listen = observe::parse_listen_address(listen);  // throws invalid_argument -> exit 64
+  ops::MetricsServerOptions opt;
+  opt.listen = ops::parse_listen_address(listen);  // throws invalid_argument -> exit 64
   // Block the signals before the Redis client's and the server's threads
   // start so they inherit the mask: only sigwait() below receives them,
   // never an arbitrary thread.
@@ -93,7 +93,7 @@ int serve(const Globals& g, const ServeArgs& a) {
   const auto check_every = parse_duration_ms(a.redis_check_interval, "--redis-check-interval");
   if (check_every <= std::chrono::milliseconds::zero())
     throw Error(errc::invalid_argument, "--redis-check-interval must be positive");
-  observe::DashboardOptions dopt;
+  ops::DashboardOptions dopt;
   dopt.prefix = a.key_prefix;
   dopt.admin_token = admin_token(a);
   dopt.streams = a.streams;
@@ -110,20 +110,20 @@ int serve(const Globals& g, const ServeArgs& a) {
 
   // The fleet's numbers (what every jobguard process published to this
   // Redis), read on the exporter's thread so a scrape never waits on Redis.
-  observe::FleetExporter fleet(*client);
+  ops::FleetExporter fleet(*client);
   // The lock Redis's deployment (eviction, persistence, replicas, lost lock
   // state), watched with the doctor's read-only checks on its own thread.
-  observe::RedisWatcherOptions wopt;
+  ops::RedisWatcherOptions wopt;
   wopt.refresh = check_every;
   wopt.doctor.key_prefix = a.key_prefix;
-  observe::RedisWatcher watcher(*client, wopt);
+  ops::RedisWatcher watcher(*client, wopt);
   const std::string catalog_text = dopt.catalog ? job::catalog_to_prometheus(*dopt.catalog) : std::string();
   opt.extra_metrics = [&fleet, &watcher, &catalog_text] { return fleet.text() + watcher.text() + catalog_text; };
 
   // Before the server, so its handlers never outlive it.
-  observe::Dashboard dashboard(*client, dopt);
+  ops::Dashboard dashboard(*client, dopt);
   opt.routes = dashboard.routes();
-  observe::MetricsServer server(observe::Registry::global(), opt);
+  ops::MetricsServer server(observe::Registry::global(), opt);
   server.start();
   if (!server.loopback_only())
     std::fputs(fmt::format("jobguard serve: warning: {} is reachable from other hosts and its read endpoints have no "

@@ -149,6 +149,55 @@ auto async_acquire_all(LockService& service, std::vector<std::string> resources,
       token, std::move(resources), std::move(opts));
 }
 
+// acquire_all without blocking, the set adopted as one renewing Lease
+// (LeaseScheduler::adopt_all), or nullopt (none held) when a key stayed busy
+// for the whole wait. Signature: void(std::exception_ptr, std::optional<Lease>).
+template <class Token>
+auto async_acquire_all(LeaseScheduler& scheduler, std::vector<std::string> resources, LockOptions lock_opts,
+                       LeaseOptions lease_opts, Token&& token) {
+  return boost::asio::async_initiate<Token, void(std::exception_ptr, std::optional<Lease>)>(
+      [&scheduler](auto handler, std::vector<std::string> r, LockOptions o, LeaseOptions lo) {
+        detail::initiate(
+            std::move(handler), scheduler.service().client().get_executor(),
+            [&](const auto& done) {
+              jobguard::async_acquire_all(
+                  scheduler.service(), std::move(r), std::move(o),
+                  AcquireAllHandler([done, sched = scheduler.shared_from_this(), lo](const Error& e,
+                                                                                     std::optional<MultiLock> m) {
+                    if (e || !m) return done(detail::as_exception(e), std::optional<Lease>());
+                    std::optional<Lease> lease;
+                    std::exception_ptr failed;
+                    try {
+                      lease.emplace(sched->adopt_all(std::move(*m), lo));
+                    } catch (...) {
+                      failed = std::current_exception();  // a bad LeaseOptions; the MultiLock's scope exit releases it
+                    }
+                    done(failed, std::move(lease));
+                  }));
+            },
+            std::optional<Lease>());
+      },
+      token, std::move(resources), std::move(lock_opts), std::move(lease_opts));
+}
+
+// MultiLock::release without blocking: true if every lock was still ours.
+// Signature: void(std::exception_ptr, bool).
+template <class Token>
+auto async_release(MultiLock& locks, Token&& token) {
+  return boost::asio::async_initiate<Token, void(std::exception_ptr, bool)>(
+      [&locks](auto handler) {
+        const auto ex = locks.locks().empty() ? boost::asio::any_io_executor(boost::asio::system_executor())
+                                              : detail::executor_of(locks.locks().front());
+        detail::initiate(
+            std::move(handler), ex,
+            [&](const auto& done) {
+              locks.async_release([done](const Error& e, bool ours) { done(detail::as_exception(e), ours); });
+            },
+            false);
+      },
+      token);
+}
+
 // Lock::release without blocking: true if the lock was still ours.
 // Signature: void(std::exception_ptr, bool).
 template <class Token>

@@ -4,7 +4,11 @@
 //
 // Not here: <jobguard/testing/embedded_redis.hpp> and
 // <jobguard/testing/embedded_postgres.hpp> (the test fixtures, target
-// jobguard::testing) and <jobguard/observe/json.hpp> (pulls in nlohmann/json).
+// jobguard::testing); the operator's tooling of target jobguard::ops, which
+// `jobguard serve` and `jobguard doctor` are made of: <jobguard/ops/http.hpp>,
+// <jobguard/ops/metrics_server.hpp>, <jobguard/ops/dashboard.hpp>,
+// <jobguard/ops/doctor.hpp>, <jobguard/ops/fleet_exporter.hpp>; and
+// <jobguard/observe/json.hpp> (pulls in nlohmann/json).
 // The consumer test (tests/consumer) fails when a header is neither here nor
 // named in this comment.
 #pragma once
@@ -51,13 +55,9 @@
 #include "jobguard/job/limits.hpp"
 #include "jobguard/job/unique.hpp"
 #include "jobguard/job/worker.hpp"
-#include "jobguard/observe/dashboard.hpp"  // compiled into jobguard::job (it reads locks, streams, the catalog)
-#include "jobguard/observe/doctor.hpp"  // compiled into jobguard::job (it checks PostgreSQL too)
 
 // jobguard::observe
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/exposition.hpp"
 #include "jobguard/observe/fleet.hpp"
-#include "jobguard/observe/http.hpp"
 #include "jobguard/observe/metrics.hpp"
-#include "jobguard/observe/metrics_server.hpp"

@@ -55,6 +55,10 @@ struct RwLockInfo {
   std::optional<std::int64_t> fence;  // the resource's fencing high-water mark
   std::int64_t waiters = 0;           // live places in the line
   std::int64_t waiting_writers = 0;   // of which writers
+  // How long the longest-waiting live writer has been in the line (since its
+  // first arrival, by the server's clock); 0 when no writer waits. Readers
+  // that keep a writer waiting are what doctor's rwlocks check reports.
+  std::chrono::milliseconds writer_waiting{0};
   std::int64_t server_time_ms = 0;
 };
 
@@ -75,5 +79,15 @@ RwLockInfo inspect_rwlock(LockService& service, std::string_view resource);
 // Redis failures.
 admin::ForceReleaseResult force_release_rw(LockService& service, std::string_view resource,
                                            const admin::ForceReleaseOptions& opts);
+
+namespace admin {
+
+// The read-write locks of `service`'s key prefix that have a live reader or
+// writer, sorted by resource (SCAN of the readers' and writers' keys, then
+// one inspect each; `opts` as for list_locks, its filter and limit
+// included). Blocking.
+std::vector<RwLockInfo> list_rwlocks(LockService& service, const ListOptions& opts = {});
+
+}  // namespace admin
 
 }  // namespace jobguard

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <map>
 #include <set>
@@ -21,6 +22,9 @@ using std::chrono::milliseconds;
 
 constexpr const char* kFields[] = {"name", "key", "owner", "protects", "consequence", "ttl",
                                    "renewal", "hard_timeout", "fencing", "on_redis_down", "fallback"};
+
+// Optional: a class without them is a plain lock.
+constexpr const char* kOptionalFields[] = {"permits", "mode"};
 
 int line_of(const YAML::Node& n) { return n.Mark().line >= 0 ? n.Mark().line + 1 : 0; }
 
@@ -57,10 +61,11 @@ struct EntryFields {
   void check(int line) {
     for (const auto& kv : node) {
       const auto k = kv.first.Scalar();
-      if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields))
+      if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields) &&
+          std::find(std::begin(kOptionalFields), std::end(kOptionalFields), k) == std::end(kOptionalFields))
         c.error(line_of(kv.first), label,
                 fmt::format("unknown field '{}' (fields: name, key, owner, protects, consequence, ttl, renewal, "
-                            "hard_timeout, fencing, on_redis_down, fallback)", k));
+                            "hard_timeout, fencing, on_redis_down, fallback; optional: permits, mode)", k));
       present.insert(k);
     }
     for (const char* f : kFields)
@@ -105,6 +110,26 @@ struct EntryFields {
     } catch (const Error& e) {
       c.error(line_of(node[field]), label, e.what());
     }
+  }
+
+  // The optional `permits: N` (a semaphore) and `mode: shared|exclusive` (a
+  // read-write lock): what a unit's lock excludes. Their contradictions with
+  // each other and with the decision matrix are LockClass::validate()'s.
+  void exclusion(LockClass& lc) {
+    auto permits = [](std::string_view v) -> std::optional<int> {
+      int n = 0;
+      const auto [at, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || at != v.data() + v.size() || n < 1 || n > LockOptions::kMaxPermits) return std::nullopt;
+      return n;
+    };
+    auto mode = [](std::string_view v) -> std::optional<LockMode> {
+      if (v == "shared") return LockMode::shared;
+      if (v == "exclusive") return LockMode::exclusive;
+      return std::nullopt;
+    };
+    choice("permits", permits, fmt::format("a whole number in 1..{} (omit it for a lock)", LockOptions::kMaxPermits),
+           lc.permits);
+    choice("mode", mode, "shared or exclusive (omit it for a lock)", lc.mode);
   }
 };
 
@@ -156,6 +181,7 @@ std::optional<CatalogClass> read_class(const YAML::Node& node, std::size_t index
   fields.flag("fencing", lc.fenced);
   fields.duration("ttl", lc.ttl, false);
   fields.duration("hard_timeout", lc.hard_timeout, true);
+  fields.exclusion(lc);
   if (c.out.size() != before || !matrix_allows(lc, line, label, c)) return std::nullopt;
   return cc;
 }
@@ -201,6 +227,21 @@ std::string guards_of(const LockClass& lc) {
     case Consequence::high: return "PostgreSQL advisory lock + completion record + fencing";
   }
   return "";
+}
+
+// The key kind of a unit's lock: KeyBuilder's holders key of each primitive.
+const char* redis_kind(const LockClass& lc) {
+  if (lc.permits > 0) return "sem";
+  if (lc.mode == LockMode::shared) return "rwr";
+  if (lc.mode == LockMode::exclusive) return "rww";
+  return "lock";
+}
+
+std::string holders_of(const LockClass& lc) {
+  if (lc.permits > 0) return fmt::format("at most {} at once (a counting semaphore, docs/semaphore.md)", lc.permits);
+  if (lc.mode == LockMode::shared)
+    return "readers together, never beside the resource's writer (a read-write lock, docs/rwlock.md)";
+  return "the writer alone: no reader, no other writer (a read-write lock, docs/rwlock.md)";
 }
 
 // Observed quantiles are estimates: a millisecond is precision enough.
@@ -378,7 +419,8 @@ std::string render_markdown(const Catalog& catalog) {
     o += fmt::format("\n## {}\n\n", lc.name);
     o += fmt::format("- **Protects:** {}\n", lc.protects);
     o += fmt::format("- **Owner:** {}\n", lc.owner);
-    o += fmt::format("- **Key:** `{}` (Redis key `<prefix>:lock:{{{}}}`)\n", lc.key_pattern, lc.key_pattern);
+    o += fmt::format("- **Key:** `{}` (Redis key `<prefix>:{}:{{{}}}`)\n", lc.key_pattern, redis_kind(lc), lc.key_pattern);
+    if (lc.permits > 0 || lc.mode != LockMode::mutex) o += fmt::format("- **Holders:** {}\n", holders_of(lc));
     o += fmt::format("- **Consequence:** {} — guards: {}\n", to_string(lc.consequence), guards_of(lc));
     if (lc.long_running)
       o += fmt::format("- **TTL:** {}, renewed every ttl/3 while the job runs; hard timeout {}\n", fmt_ms(lc.ttl),
@@ -422,6 +464,7 @@ std::string render_html(const Catalog& catalog) {
     row("Protects", html_escape(lc.protects));
     row("Owner", html_escape(lc.owner));
     row("Key", "<code>" + html_escape(lc.key_pattern) + "</code>");
+    if (lc.permits > 0 || lc.mode != LockMode::mutex) row("Holders", holders_of(lc));
     row("Consequence", fmt::format("{} — guards: {}", to_string(lc.consequence), guards_of(lc)));
     row("TTL", lc.long_running ? fmt::format("{}, renewed every ttl/3; hard timeout {}", fmt_ms(lc.ttl),
                                              fmt_ms(lc.hard_timeout))

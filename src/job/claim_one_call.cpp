@@ -83,8 +83,12 @@ class OneCallClaimPath final : public ClaimPath {
   std::shared_ptr<detail::ScriptBatcher> claims_, finishes_;
 };
 
+// The one-call scripts take and release the mutex key: a semaphore's permit
+// or a read-write lock's place goes the step-by-step way.
+bool plain_lock(const LockOptions& lo) noexcept { return lo.permits == 0 && lo.mode == LockMode::mutex; }
+
 awaitable<Claim> OneCallClaimPath::claim(const ClaimCall& c) {
-  if (!c.whole_unit) co_return co_await steps_->claim(c);
+  if (!c.whole_unit || !plain_lock(c.lock)) co_return co_await steps_->claim(c);
   auto a = co_await one_call_claim(c);
   if (a.kind == Attempt::fallback) co_return co_await steps_->claim(c);
   // Busy for a class that waits: the ordinary acquire waits (the record is
@@ -94,7 +98,7 @@ awaitable<Claim> OneCallClaimPath::claim(const ClaimCall& c) {
 }
 
 awaitable<Error> OneCallClaimPath::finish(const ClaimCall& c, FinishCall& f) {
-  if (f.whole_unit && f.lock && f.lock->held() && (f.key_ours || !keys_)) {
+  if (f.whole_unit && plain_lock(c.lock) && f.lock && f.lock->held() && (f.key_ours || !keys_)) {
     const bool settled = co_await one_call_finish(c, f);
     if (settled) co_return Error{};
   }

@@ -95,6 +95,15 @@ void LockClass::validate() const {
     throw bad("hard_timeout is set but long_running is not: a job that must finish within its ttl needs no lease");
   if (hard_timeout.count() < 0) throw bad("negative hard_timeout");
   if (replicas < -1 || replicas > 64) throw bad(fmt::format("replicas {} is outside -1..64", replicas));
+  if (permits < 0 || permits > LockOptions::kMaxPermits)
+    throw bad(fmt::format("permits {} is outside 1..{}", permits, LockOptions::kMaxPermits));
+  if (permits > 0 && mode != LockMode::mutex)
+    throw bad(fmt::format("permits with mode {}: a read-write lock is not a semaphore", to_string(mode)));
+  // The high row's guard is a PostgreSQL advisory lock on the resource: one
+  // holder, whatever Redis would admit beside it.
+  if (consequence == Consequence::high && (permits > 0 || mode == LockMode::shared))
+    throw bad(fmt::format("consequence high with {}: its PostgreSQL advisory lock admits one holder at a time",
+                          permits > 0 ? "permits" : "mode shared"));
   if (owner.empty()) throw bad("no owner (who to call when this lock misbehaves)");
   if (protects.empty()) throw bad("no 'protects' (what a double run would damage)");
 }

@@ -171,7 +171,12 @@ void GuardedRunner::setup() {
 GuardedRunner::~GuardedRunner() = default;
 
 std::string GuardedRunner::lock_key_for(std::string_view unit_id) const {
-  return leases_->service().keys().lock_key(cls_.resource_for(unit_id));
+  const auto& k = leases_->service().keys();
+  const auto resource = cls_.resource_for(unit_id);
+  if (cls_.permits > 0) return k.permit_holders_key(resource);
+  if (cls_.mode == LockMode::shared) return k.rw_readers_key(resource);
+  if (cls_.mode == LockMode::exclusive) return k.rw_writer_key(resource);
+  return k.lock_key(resource);
 }
 
 LockOptions GuardedRunner::lock_options(const std::string& job_id) const {
@@ -183,6 +188,8 @@ LockOptions GuardedRunner::lock_options(const std::string& job_id) const {
   lo.lock_class = cls_.name;
   lo.replicas = cls_.replicas;
   lo.on_unconfirmed = cls_.on_unconfirmed;
+  lo.permits = cls_.permits;
+  lo.mode = cls_.mode;
   return lo;
 }
 

@@ -89,28 +89,16 @@ ForceReleaseResult force_release_permit(LockService& service, std::string_view r
 }
 
 std::vector<SemaphoreInfo> list_semaphores(LockService& service, const ListOptions& opts) {
-  if (opts.scan_count == 0) throw Error(errc::invalid_argument, "scan_count must be >= 1");
   if (service.client().running_in_loop_thread())
     throw Error(errc::invalid_argument, "list_semaphores: blocking call on the Redis client's event-loop thread");
-  const std::string head = service.keys().prefix() + ":sem:{";
   std::vector<SemaphoreInfo> out;
-  std::set<std::string> seen;  // SCAN may return a key twice (rehashing)
-  ::jobguard::detail::scan_everywhere(
-      service.client(), ::jobguard::detail::glob_escape(head + opts.prefix) + "*}", opts.scan_count, nullptr,
-      [&](const std::vector<redis::Reply>& found) {
-        for (const auto& k : found) {
-          const std::string_view key = k.str;
-          if (key.size() <= head.size() + 1 || key.substr(0, head.size()) != head || key.back() != '}') continue;
-          const std::string resource(key.substr(head.size(), key.size() - head.size() - 1));
-          if (opts.filter && !opts.filter(resource)) continue;
-          if (!seen.insert(resource).second) continue;
-          auto info = inspect_semaphore(service, resource);
-          if (!info.holders.empty()) out.push_back(std::move(info));
-        }
-        return !(opts.limit > 0 && out.size() >= opts.limit);
-      });
+  ::jobguard::detail::scan_resources(service.client(), {service.keys().prefix() + ":sem:{"}, opts,
+                                     [&](const std::string& resource) {
+                                       auto info = inspect_semaphore(service, resource);
+                                       if (!info.holders.empty()) out.push_back(std::move(info));
+                                       return !(opts.limit > 0 && out.size() >= opts.limit);
+                                     });
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.resource < b.resource; });
-  if (opts.limit > 0 && out.size() > opts.limit) out.resize(opts.limit);
   return out;
 }
 

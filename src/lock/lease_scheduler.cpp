@@ -95,6 +95,8 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
                              {.kind = "lease_lost", .resource = s->lock.resource(),
                               .job = token_owner(s->lock.token()), .lock_class = s->lock.lock_class(), .detail = why});
   s->metrics.hold_seconds.observe(clock.now() - s->lock.acquired_at());
+  // A multi-lock's holds are per key, as its grants and releases are.
+  for (const auto& l : s->more) s->metrics.hold_seconds.observe(clock.now() - l.acquired_at());
   lost.fetch_add(1);
   active.fetch_sub(1);
   s->stop.request_stop();

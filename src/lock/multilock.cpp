@@ -205,6 +205,7 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
           }
           if (verdict == 0) {
             m.busy_total.inc();
+            self->saw_busy_ = true;
             return self->after_roll_back(Error(), Error());  // nothing was written
           }
           if (self->gate_->watches_clock() && r.elements[1].is_integer())
@@ -271,6 +272,18 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
   }
 
   void finish(const Error& e, std::optional<MultiLock> m) {
+    // The one script's calls, counted per key as a mutex's acquire calls are
+    // (its grants and holds are per key too): the wait of the whole call,
+    // contended when an attempt met a busy key. The ordered path's try-once
+    // acquires count themselves, each as a call.
+    if (one_script_ && !e) {
+      auto& metrics = this->metrics();
+      const auto waited = svc_->clock().now() - started_;
+      for (std::size_t i = 0; i < resources_.size(); ++i) {
+        metrics.wait_seconds.observe(waited);
+        if (saw_busy_) metrics.contended_total.inc();
+      }
+    }
     auto done = std::move(done_);
     if (done) done(e, std::move(m));
   }
@@ -280,12 +293,13 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
   bool one_script_ = false;
   std::vector<std::string> resources_;
   LockOptions once_;
-  MonotonicClock::time_point deadline_;
+  MonotonicClock::time_point started_ = svc_->clock().now(), deadline_;
   ms backoff_min_, backoff_max_;
   asio::steady_timer timer_;
   AcquireAllHandler done_;
   std::vector<Lock> taken_;
   std::uint32_t attempt_ = 0;
+  bool saw_busy_ = false;
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

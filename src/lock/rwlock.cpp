@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <set>
+
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 #include "lock/rwlock_internal.hpp"
+#include "lock/scan_internal.hpp"
 
 namespace jobguard {
 namespace lock_scripts {
@@ -67,20 +71,23 @@ RwLockInfo inspect_rwlock(LockService& svc, std::string_view resource) {
     return Error(errc::protocol_error,
                  fmt::format("inspect of {}: unexpected reply {}", info.readers_key, redis::to_debug_string(r)));
   };
-  if (!r.is_array() || r.elements.size() < 5) throw bad();
+  constexpr std::size_t kHead = 6;
+  if (!r.is_array() || r.elements.size() < kHead) throw bad();
   const auto& e = r.elements;
   info.server_time_ms = to_int(e[0]).value_or(0);
   info.fence = to_int(e[1]);
   info.waiters = to_int(e[2]).value_or(0);
   info.waiting_writers = to_int(e[3]).value_or(0);
-  const auto writers = static_cast<std::size_t>(to_int(e[4]).value_or(0));
-  if ((e.size() - 5) % 2 != 0 || writers * 2 > e.size() - 5) throw bad();
-  for (std::size_t i = 5; i + 1 < e.size(); i += 2) {
+  if (const auto first = to_int(e[4]).value_or(-1); first >= 0)
+    info.writer_waiting = std::chrono::milliseconds(std::max<std::int64_t>(0, info.server_time_ms - first));
+  const auto writers = static_cast<std::size_t>(to_int(e[5]).value_or(0));
+  if ((e.size() - kHead) % 2 != 0 || writers * 2 > e.size() - kHead) throw bad();
+  for (std::size_t i = kHead; i + 1 < e.size(); i += 2) {
     RwHolder h;
     h.token = e[i].str;
     h.holder = token_owner(h.token);
     h.ttl_left = std::chrono::milliseconds(to_int(e[i + 1]).value_or(0) - info.server_time_ms);
-    if (i < 5 + writers * 2) info.writer = std::move(h);
+    if (i < kHead + writers * 2) info.writer = std::move(h);
     else info.readers.push_back(std::move(h));
   }
   return info;
@@ -129,5 +136,25 @@ admin::ForceReleaseResult force_release_rw(LockService& svc, std::string_view re
   out.audit_id = r.elements[4].str;
   return out;
 }
+
+namespace admin {
+
+std::vector<RwLockInfo> list_rwlocks(LockService& service, const ListOptions& opts) {
+  if (service.client().running_in_loop_thread())
+    throw Error(errc::invalid_argument, "list_rwlocks: blocking call on the Redis client's event-loop thread");
+  const auto& prefix = service.keys().prefix();
+  std::vector<RwLockInfo> out;
+  // The readers' keys, then the writers': a resource with both is inspected once.
+  ::jobguard::detail::scan_resources(service.client(), {prefix + ":rwr:{", prefix + ":rww:{"}, opts,
+                                     [&](const std::string& resource) {
+                                       auto info = inspect_rwlock(service, resource);
+                                       if (info.writer || !info.readers.empty()) out.push_back(std::move(info));
+                                       return !(opts.limit > 0 && out.size() >= opts.limit);
+                                     });
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.resource < b.resource; });
+  return out;
+}
+
+}  // namespace admin
 
 }  // namespace jobguard

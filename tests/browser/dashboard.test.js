@@ -148,6 +148,29 @@ class Resp {
   close() { this.sock.destroy(); }
 }
 
+// A private redis-server without persistence on `port`, ours: its INFO must
+// show our child's pid.
+async function startRedis(port) {
+  const proc = start(args.redis, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+    '--dir', work]);
+  await eventually(`our redis-server on ${port}`, async () => {
+    const r = new Resp(port);
+    await r.connect();
+    const info = await r.send('INFO', 'server');
+    r.close();
+    return info.includes(`process_id:${proc.pid}\r`);
+  });
+  return proc;
+}
+
+// `jobguard server trust`: the documented way to record a server started empty as intact.
+function trust(url) {
+  const t = require('child_process').spawnSync(args.jobguard,
+    ['--redis', url, 'server', 'trust', '--reason', 'browser test: a server started a moment ago'],
+    { encoding: 'utf8', timeout: 30000 });
+  if (t.status !== 0) fail(`jobguard server trust exited ${t.status}: ${t.stderr}`);
+}
+
 // --- the page ------------------------------------------------------------------------
 
 const row = (page, resource) => page.locator(`#lock-rows .lockrow[data-resource="${resource}"]`);
@@ -160,10 +183,11 @@ function seconds(text) {  // "19.2s", "850ms", "1m05s" -> seconds
   return NaN;
 }
 
-async function holdLock(base, key, job) {
+// `extra`: more `run` flags (--permits N, --shared, --exclusive --wait 20s).
+async function holdLock(base, key, job, extra = []) {
   const go = path.join(work, `go-${job}`);
-  const p = start(args.jobguard, ['--redis', base, 'run', '--key', key, '--ttl', '20s', '--fence', '--job-id', job, '--',
-    'sh', '-c', 'while [ ! -e "$0" ]; do sleep 0.05; done', go]);
+  const p = start(args.jobguard, ['--redis', base, 'run', '--key', key, '--ttl', '20s', '--fence', '--job-id', job, ...extra,
+    '--', 'sh', '-c', 'while [ ! -e "$0" ]; do sleep 0.05; done', go]);
   p.go = () => fs.writeFileSync(go, '');
   return p;
 }
@@ -178,26 +202,13 @@ async function main() {
   }
   work = fs.mkdtempSync(path.join(os.tmpdir(), 'jobguard-browser-'));
 
-  // A private redis-server, ours: its INFO must show our child's pid.
   const redisPort = await freePort();
-  const redisProc = start(args.redis, ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-    '--dir', work]);
+  await startRedis(redisPort);
   const redis = new Resp(redisPort);
-  await eventually('our redis-server', async () => {
-    const r = new Resp(redisPort);
-    await r.connect();
-    const info = await r.send('INFO', 'server');
-    r.close();
-    return info.includes(`process_id:${redisProc.pid}\r`);
-  });
   await redis.connect();
   const url = `redis://127.0.0.1:${redisPort}/0`;
-  // The server was started empty: record it as intact, the documented way
-  // (`jobguard server trust`), so grants need no quarantine.
-  const trusted = require('child_process').spawnSync(args.jobguard,
-    ['--redis', url, 'server', 'trust', '--reason', 'browser test: a server started a moment ago'],
-    { encoding: 'utf8', timeout: 30000 });
-  if (trusted.status !== 0) fail(`jobguard server trust exited ${trusted.status}: ${trusted.stderr}`);
+  // The server was started empty: record it as intact, so grants need no quarantine.
+  trust(url);
 
   // A catalog naming the class `jobguard run` publishes ("run") for dash:{id}.
   const catalog = path.join(work, 'catalog.yaml');
@@ -277,6 +288,69 @@ async function main() {
   await eventually('dash:held to disappear', async () => (await row(page, 'dash:held').count()) === 0, 5000);
   await eventually('the acquisitions counter to move', async () => (await acquired()) > before, 10000);
   log(`released: gone from the page; acquisitions ${before} -> ${await acquired()}`);
+
+  // 2b. Semaphore permits and read-write holders taken by `jobguard run`:
+  // holders per permit slot, the readers, then a writer waiting behind them.
+  const permits = [await holdLock(url, 'psp:acme', 'browser-permit-a', ['--permits', '2']),
+    await holdLock(url, 'psp:acme', 'browser-permit-b', ['--permits', '2'])];
+  const sem = page.locator('#sem-list tr[data-resource="psp:acme"]');
+  await eventually('the semaphore with both holders', async () => (await sem.locator('.slot').count()) === 2, 10000);
+  const slots = (await sem.locator('.slot').allTextContents()).join(' | ');
+  if (!/^#0 .*browser-permit-[ab]/.test(slots) || !/#1 .*browser-permit-[ab]/.test(slots) ||
+      !slots.includes('browser-permit-a') || !slots.includes('browser-permit-b'))
+    fail(`permit slots read "${slots}"`);
+  const reader = await holdLock(url, 'book:7', 'browser-reader', ['--shared']);
+  const rw = page.locator('#rw-list tr[data-resource="book:7"]');
+  await eventually('the reader', async () => (await rw.locator('.reader').count()) === 1, 10000);
+  if (!(await rw.locator('.reader').textContent()).includes(`${os.hostname()}/${reader.pid}/browser-reader`))
+    fail(`reader shown as "${await rw.locator('.reader').textContent()}"`);
+  const writer = await holdLock(url, 'book:7', 'browser-writer', ['--exclusive', '--wait', '20s']);
+  await eventually('the writer waiting behind the reader', async () => /1 writer, first for/.test(await rw.locator('.waiting').textContent()), 10000);
+  if ((await rw.locator('.writer').textContent()) !== '-') fail('a writer is shown holding beside a reader');
+  reader.go();
+  await eventually('the writer holding alone', async () => (await rw.locator('.writer').textContent()).includes('browser-writer') &&
+    (await rw.locator('.reader').count()) === 0, 10000);
+  for (const p of [...permits, writer]) p.go();
+  for (const p of [...permits, reader, writer]) {
+    const code = await p.exited;
+    if (code !== 0) fail(`a \`jobguard run\` holding a permit or the read-write lock exited ${code}: ${p.err}`);
+  }
+  await eventually('the semaphore and the read-write lock gone', async () => !(await page.locator('#sems-empty').isHidden()) &&
+    !(await page.locator('#rws-empty').isHidden()), 10000);
+  log(`semaphore: slots ${slots}; read-write lock: a reader, then the writer that waited for it`);
+
+  // 2c. The lock state: the trusted server serves grants; another one,
+  // trusted, then restarted without persistence, is quarantined by the first
+  // lock client that meets it (`jobguard run` exits 69), and its page says
+  // why and until when.
+  const stateRow = (p) => p.locator('#state-list tbody tr');
+  await eventually('the trusted server in the lock state', async () => (await stateRow(page).count()) === 1 &&
+    (await stateRow(page).locator('.quarantine').textContent()) === 'none: grants are served', 10000);
+  const stateText = (await stateRow(page).allTextContents())[0];
+  if (!stateText.includes(`127.0.0.1:${redisPort}`) || !stateText.includes('none found') || !stateText.includes('noeviction, 0 evicted'))
+    fail(`the trusted server's lock state reads "${stateText}"`);
+  const port2 = await freePort();
+  const first = await startRedis(port2);
+  const url2 = `redis://127.0.0.1:${port2}/0`;
+  trust(url2);
+  first.kill('SIGKILL');
+  await first.exited;
+  await startRedis(port2);
+  const refused = require('child_process').spawnSync(args.jobguard, ['--redis', url2, 'run', '--key', 'q:1', '--', 'true'],
+    { encoding: 'utf8', timeout: 30000 });
+  if (refused.status !== 69) fail(`run against the restarted server exited ${refused.status}, not 69: ${refused.stderr}`);
+  const serve2 = start(args.jobguard, ['--json', '--redis', url2, 'serve', '--listen', '127.0.0.1:0']);
+  const ready2 = await eventually('the second serve', () => serve2.out.includes('\n') && JSON.parse(serve2.out.split('\n')[0]));
+  const page3 = await context.newPage();
+  await page3.goto(`${ready2.listening}/`);
+  const quarantine = stateRow(page3).locator('.quarantine.quarantined');
+  await eventually('the quarantine on the page', () => quarantine.count(), 10000);
+  const quarantineText = await quarantine.textContent();
+  if (!/^quarantined for \S+ more \(until \d{4}-\d\d-\d\d [\d:.]+ UTC\): no lock-state record: restarted without persistence/
+    .test(quarantineText)) fail(`the quarantine reads "${quarantineText}"`);
+  await page3.close();
+  serve2.kill('SIGTERM');
+  log(`lock state: trusted server "${stateText}"; restarted one "${quarantineText}"`);
 
   // 3. Force release: refused without the token and with a wrong one (by the
   // server: the page only relays its answer), done with it, then audited.

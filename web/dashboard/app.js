@@ -414,6 +414,66 @@ async function refreshIncidents() {
     : 'the fleet counted no lost lease, stale fence or fail-open run in the last hour';
 }
 
+// --- semaphores and read-write locks ----------------------------------------------------
+
+// A waiting writer this long behind its readers is drawn as a problem (doctor's rwlocks check).
+const WRITER_WAIT_WARN_MS = 60000;
+
+function holderText(h) { return `${h.holder} · ${duration(h.ttl_left_ms)} left`; }
+
+async function refreshPrimitives() {
+  const data = await api(`/api/primitives?${lockQuery()}`);
+  const more = data.truncated ? '+' : '';
+  $('sem-count').textContent = `${data.semaphores.length}${more}`;
+  $('rw-count').textContent = `${data.rwlocks.length}${more}`;
+  $('sem-list').tBodies[0].replaceChildren(...data.semaphores.map((s) => {
+    const permits = s.stored_permits ?? s.declared_permits;
+    const over = permits !== null && permits !== undefined && s.holders.length > permits;
+    const count = permits === null || permits === undefined ? `${s.holders.length}` : `${s.holders.length} / ${permits}`;
+    return el('tr', { 'data-resource': s.resource },
+      el('td', {}, s.resource), el('td', { class: 'cls' }, s.class || '-'),
+      el('td', { class: `held num${over ? ' over' : ''}`, title: s.stored_permits !== null ? 'stored count' : 'declared by the class' }, count),
+      el('td', { class: 'holders' }, ...s.holders.map((h) => el('span', { class: 'slot', 'data-slot': h.slot }, el('b', {}, `#${h.slot} `), holderText(h)))),
+      el('td', { class: 'waiting num' }, String(s.waiters)), el('td', { class: 'fence num' }, s.fence ?? '-'));
+  }));
+  $('sems-empty').hidden = data.semaphores.length > 0;
+  $('rw-list').tBodies[0].replaceChildren(...data.rwlocks.map((r) => {
+    const waited = r.writer_waiting_ms;
+    const waiting = r.waiting_writers > 0
+      ? el('span', { class: waited >= WRITER_WAIT_WARN_MS ? 'long' : '' }, `${r.waiters} (${r.waiting_writers} writer${r.waiting_writers === 1 ? '' : 's'}, first for ${duration(waited)})`)
+      : String(r.waiters);
+    return el('tr', { 'data-resource': r.resource },
+      el('td', {}, r.resource), el('td', { class: 'cls' }, r.class || '-'),
+      el('td', { class: 'writer' }, r.writer ? holderText(r.writer) : '-'),
+      el('td', { class: 'readers', 'data-count': r.readers.length }, r.readers.length ? null : '-',
+        ...r.readers.map((h) => el('span', { class: 'reader' }, holderText(h)))),
+      el('td', { class: 'waiting' }, waiting), el('td', { class: 'fence num' }, r.fence ?? '-'));
+  }));
+  $('rws-empty').hidden = data.rwlocks.length > 0;
+}
+
+// --- lock state ------------------------------------------------------------------------
+
+function mib(bytes) { return `${Math.round(bytes / 1048576)} MiB`; }
+
+async function refreshLockState() {
+  const data = await api('/api/lock-state');
+  $('state-list').tBodies[0].replaceChildren(...data.servers.map((s) => {
+    const quarantine = s.quarantined
+      ? `quarantined for ${duration(s.quarantine_left_ms)} more (until ${when(s.quarantine_until_ms)}): ${s.reason}`
+      : (s.record ? 'none: grants are served' : 'none yet (no lock-state record: the next lock client checks)');
+    const steps = s.clock_steps > 0
+      ? `${s.clock_steps}, the last +${s.last_step_ms} ms${s.last_step_at_ms ? ` at ${when(s.last_step_at_ms)}` : ''}`
+      : 'none found';
+    const eviction = `${s.maxmemory_policy}${s.maxmemory > 0 ? ` (maxmemory ${mib(s.maxmemory)})` : ''}, ${s.evicted_keys} evicted`;
+    return el('tr', { 'data-address': s.address },
+      el('td', {}, s.address),
+      el('td', { class: `quarantine${s.quarantined ? ' quarantined' : ''}` }, quarantine),
+      el('td', { class: `steps num${s.clock_steps > 0 ? ' over' : ''}` }, steps),
+      el('td', { class: `eviction${s.evicting || s.evicted_keys > 0 ? ' over' : ''}` }, eviction));
+  }));
+}
+
 // --- jobs ----------------------------------------------------------------------------
 
 async function refreshJobs() {
@@ -466,13 +526,15 @@ async function start() {
   $('action-cancel').addEventListener('click', (e) => { e.preventDefault(); $('action-dialog').close(); });
   $('lock-scroll').addEventListener('scroll', () => requestAnimationFrame(renderRows), { passive: true });
   let debounce = null;
-  const refilter = () => { clearTimeout(debounce); debounce = setTimeout(() => refreshers[0](), 200); };
+  const refilter = () => { clearTimeout(debounce); debounce = setTimeout(() => { refreshers[0](); refreshers[4](); }, 200); };
   $('f-prefix').addEventListener('input', refilter);
   $('f-class').addEventListener('change', refilter);
   refreshers.push(poll(refreshLocks, LOCKS_EVERY_MS));
   refreshers.push(poll(refreshClasses, OTHERS_EVERY_MS));
   refreshers.push(poll(refreshIncidents, OTHERS_EVERY_MS));
   refreshers.push(poll(refreshJobs, OTHERS_EVERY_MS));
+  refreshers.push(poll(refreshPrimitives, LOCKS_EVERY_MS));
+  refreshers.push(poll(refreshLockState, OTHERS_EVERY_MS));
   $('f-window').addEventListener('change', () => refreshers[1]());
   // TTL bars and ages move between polls.
   setInterval(() => { if (state.locks.length) renderRows(); }, 250);

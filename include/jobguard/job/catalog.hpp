@@ -17,9 +17,12 @@
 //       fencing: false
 //       on_redis_down: fail-closed   # fail-closed | fail-open
 //       fallback: the job stays queued and runs when Redis is back
+//       permits: 5                   # optional: one of 5 permits instead of the lock
+//                                    # (or mode: shared | exclusive: a reader /
+//                                    # the writer of a read-write lock; not both)
 //
-// Every field is required: a catalog is documentation, and a class whose TTL
-// policy nobody wrote down is the finding. Unknown fields are errors (a typo
+// Every field but permits and mode is required: a catalog is documentation,
+// and a class whose TTL policy nobody wrote down is the finding. Unknown fields are errors (a typo
 // must not silently fall back to a default).
 //
 // Threads: a Catalog is an immutable value once loaded; share it freely.

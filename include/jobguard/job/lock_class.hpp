@@ -95,6 +95,14 @@ struct LockClass {
   // unavailable; on_redis_down decides whether it runs unguarded); warn keeps it
   // with a logged warning.
   Unconfirmed on_unconfirmed = Unconfirmed::fail_closed;
+  // What a unit's lock excludes. permits N >= 1: one permit of a counting
+  // semaphore of N on the resource (LockOptions::permits; at most N units of
+  // the class hold it at once). mode shared / exclusive: a reader or the
+  // writer of the resource's read-write lock (LockOptions::mode). Default
+  // 0 / mutex: the plain lock. Not both, and neither permits nor shared for a
+  // high class (its PostgreSQL advisory lock admits one holder).
+  int permits = 0;
+  LockMode mode = LockMode::mutex;
   // Documentation, required for the catalog: who owns the lock and what a
   // double run would damage.
   std::string owner{};

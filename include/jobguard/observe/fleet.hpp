@@ -240,7 +240,7 @@ class FleetPublisher {
   std::unique_ptr<Impl> impl_;
 };
 
-// --- exporting (jobguard serve) ---------------------------------------------------
+// --- accumulating (jobguard serve's counters, ops/fleet_exporter.hpp) ----------
 
 // Field-wise a - b, each field clamped at zero.
 FleetCounts counts_minus(const FleetCounts& a, const FleetCounts& b) noexcept;
@@ -266,44 +266,6 @@ class FleetAccumulator {
   // Minutes below this were forgotten and are skipped if a later read
   // reaches back that far again (they would be counted twice).
   std::int64_t floor_ = std::numeric_limits<std::int64_t>::min();
-};
-
-// The fleet families in Prometheus text 0.0.4 (HELP/TYPE always present):
-// jobguard_fleet_up, jobguard_fleet_lock_*_total{class=...} counters and
-// the jobguard_fleet_lock_hold_seconds / _wait_seconds histograms.
-std::string fleet_to_prometheus(const std::map<std::string, FleetCounts, std::less<>>& totals, bool up);
-
-struct FleetExporterOptions {
-  std::string prefix = "jobguard";  // KeyBuilder's prefix
-  // Time between reads of Redis. Default 5 s; must be positive.
-  std::chrono::milliseconds refresh{5000};
-  // Deadline for one read. Default 2 s.
-  std::chrono::milliseconds timeout{2000};
-  // How long text() waits for the first read after start. Default 1 s; zero =
-  // never wait (a scrape before the first read shows no classes, fleet_up 0).
-  std::chrono::milliseconds first_read_wait{1000};
-  std::function<WallClock::time_point()> now;  // for tests; default system_clock::now
-};
-
-// Reads the fleet's buckets on its own thread every `refresh` and keeps the
-// Prometheus text ready, so a scrape never waits on Redis (the HTTP loop
-// must not block). Threads: text() from any thread; the Client must outlive
-// the exporter.
-class FleetExporter {
- public:
-  FleetExporter(redis::Client& client, FleetExporterOptions options = {});
-  ~FleetExporter();
-  FleetExporter(const FleetExporter&) = delete;
-  FleetExporter& operator=(const FleetExporter&) = delete;
-
-  // The latest text. Until the first read has finished (or failed) it waits
-  // for it, at most `first_read_wait`, so the first scrape after start
-  // usually has the numbers without a down Redis stalling the HTTP loop.
-  std::string text() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace jobguard::observe

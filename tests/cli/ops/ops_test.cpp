@@ -191,6 +191,28 @@ TEST_F(OpsCli, DoctorExitStatusFollowsTheWorstFinding) {
   EXPECT_EQ(jg({"doctor"}, "redis://host:99999").status, 64);
 }
 
+TEST_F(OpsCli, DoctorWithACatalogJudgesSemaphoresByTheirClass) {
+  auto client = make_client();
+  auto svc = LockService::create(*client);
+  std::vector<Lock> held;
+  for (int i = 0; i < 6; ++i) {
+    auto l = svc->acquire("psp:acme-pay", {.ttl = 30s, .permits = 6});
+    ASSERT_TRUE(l) << i;
+    held.push_back(std::move(*l));
+  }
+  auto r = jg({"doctor"});
+  EXPECT_NE(r.out.find("OK   semaphores: 1 semaphore with live permits, 6 permits held"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("OK   rwlocks: 0 read-write locks held"), std::string::npos) << r.out;
+  r = jg({"doctor", "--catalog", kExample});  // payment-provider declares 5
+  EXPECT_NE(r.out.find("WARN semaphores: 1 semaphore with live permits, 6 permits held: psp:acme-pay: 6 holders, "
+                       "above the 5 permits class 'payment-provider' declares"),
+            std::string::npos)
+      << r.out;
+  r = jg({"doctor", "--catalog", file("missing.yaml")});
+  EXPECT_EQ(r.status, 64) << r.out << r.err;
+  EXPECT_NE(r.err.find("cannot read the file"), std::string::npos) << r.err;
+}
+
 TEST_F(OpsCli, DoctorWithPostgresChecksItTooAndAnUnmigratedDatabaseFails) {
   // A fresh cluster of this test binary: jobguard's tables not created yet.
   const auto pg = shared_postgres().url();
@@ -215,7 +237,7 @@ TEST_F(OpsCli, DoctorWithPostgresChecksItTooAndAnUnmigratedDatabaseFails) {
 TEST_F(OpsCli, PolicyLintPassesTheExampleCatalog) {
   const auto r = jg({"policy", "lint", kExample});
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("4 classes OK"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("7 classes OK"), std::string::npos) << r.out;
 }
 
 TEST_F(OpsCli, PolicyLintPrintsOneLinePerFindingAndExits65) {

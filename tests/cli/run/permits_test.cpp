@@ -178,6 +178,42 @@ TEST_F(RunPermits, LocksLsListsTheSemaphoreAndReleaseFreesOnePermitAudited) {
   EXPECT_EQ(c.wait_or_kill(30s).status, 0);
 }
 
+// --catalog: the class's permits, ttl and fencing, not flags.
+TEST_F(RunPermits, ACatalogClassWithPermitsMakesTheRunAPermitHolder) {
+  const auto cat = file("catalog.yaml");
+  std::ofstream(cat) << fmt::format(R"(classes:
+  - {{name: provider, key: "{}", owner: o, protects: p, consequence: low, ttl: 7s, renewal: false,
+     hard_timeout: none, fencing: true, on_redis_down: fail-closed, fallback: f, permits: 3}}
+  - {{name: plain, key: "{}", owner: o, protects: p, consequence: low, ttl: 7s, renewal: false,
+     hard_timeout: none, fencing: false, on_redis_down: fail-closed, fallback: f}}
+)", resource(), resource());
+  const auto go = file("go");
+  Subprocess a(args({"--catalog", cat, "--class", "provider"}, holder(file("a"), go)));
+  ASSERT_TRUE(eventually([&] { return exists(file("a")); }, 10s)) << a.err();
+  const auto t = told(file("a"));
+  EXPECT_EQ(t.key, holders_key());
+  EXPECT_EQ(t.permits, 3);
+  EXPECT_GT(t.fence, 0);  // fencing: true
+  const auto pttl = std::stoll(admin("PTTL " + holders_key()));
+  EXPECT_GT(pttl, 0);
+  EXPECT_LE(pttl, 7000);  // ttl: 7s
+  touch(go);
+  EXPECT_EQ(a.wait_or_kill(30s).status, 0);
+
+  for (const auto& [flags, want] : std::vector<std::pair<Args, std::string>>{
+           {{"--catalog", cat, "--class", "provider", "--permits", "2"}, "--permits with --catalog: class 'provider'"},
+           {{"--catalog", cat, "--class", "provider", "--ttl", "3s"}, "--ttl with --catalog"},
+           {{"--catalog", cat, "--class", "plain", "--shared"}, "--shared with --catalog: class 'plain'"},
+           {{"--catalog", cat, "--class", "nope"}, "no class 'nope' (it has: provider, plain)"},
+           {{"--catalog", file("missing.yaml"), "--class", "provider"}, "cannot read the file"}}) {
+    Subprocess p(args(flags, {"true"}));
+    auto rc = p.wait_or_kill(30s);
+    EXPECT_EQ(rc.status, 64) << flags.back() << ": " << rc.err;
+    EXPECT_NE(rc.err.find(want), std::string::npos) << rc.err;
+    EXPECT_EQ(std::count(rc.err.begin(), rc.err.end(), '\n'), 1) << rc.err;
+  }
+}
+
 TEST_F(RunPermits, BadPermitCountsAreUsageErrors) {
   for (const auto& [flags, want] :
        std::vector<std::pair<Args, std::string>>{{{"--permits", "0"}, "--permits 0: must be a whole number in 1..10000"},

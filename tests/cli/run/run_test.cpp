@@ -18,7 +18,7 @@
 #include "support/postgres_fixture.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
-#include "integration/observe/http_client.hpp"
+#include "integration/ops/http_client.hpp"
 
 namespace jobguard::test {
 namespace {

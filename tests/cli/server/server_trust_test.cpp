@@ -17,7 +17,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "integration/observe/http_client.hpp"
+#include "integration/ops/http_client.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"

@@ -3,6 +3,7 @@
 // -Wextra (-Wmissing-field-initializers) has nothing to say. A struct added
 // to include/ belongs here.
 #include <jobguard/jobguard.hpp>
+#include <jobguard/ops/metrics_server.hpp>
 #include <jobguard/testing/embedded_redis.hpp>
 
 using namespace std::chrono_literals;
@@ -43,8 +44,8 @@ int designated_initializers() {
   [[maybe_unused]] observe::LockClassSnapshot snapshot{.lock_class = "c"};
   [[maybe_unused]] observe::RegistryOptions registry{.max_classes = 1};
   [[maybe_unused]] observe::Event event{.event = "acquired"};
-  [[maybe_unused]] observe::ListenAddress listen{.port = 9464};
-  [[maybe_unused]] observe::MetricsServerOptions server{.read_timeout = 1s};
+  [[maybe_unused]] ops::ListenAddress listen{.port = 9464};
+  [[maybe_unused]] ops::MetricsServerOptions server{.read_timeout = 1s};
   [[maybe_unused]] EmbeddedRedisOptions embedded{.persistence = true};
   return 0;
 }

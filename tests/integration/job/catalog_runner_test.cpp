@@ -79,5 +79,78 @@ TEST_F(CatalogRunner, AnUnfencedClassFromTheCatalogGetsNoFence) {
   EXPECT_EQ(admin("EXISTS jobguard:fence:{image:7:thumb}"), "0");
 }
 
+TEST_F(CatalogRunner, APermitsClassHoldsOneOfTheSemaphoresPermitsNotTheLock) {
+  const auto catalog = job::Catalog::load(kExample);
+  const job::LockClass& cls = catalog.get("payment-provider");  // permits: 5, key "psp:acme-pay"
+  ASSERT_EQ(cls.permits, 5);
+  auto client = make_client();
+  auto svc = LockService::create(*client);
+  auto leases = LeaseScheduler::create(svc);
+  guard::RedisCompletionStore records(*client);
+  job::GuardedRunner runner(leases, cls, {.completions = &records});
+  std::string key_seen, holders_seen, lock_seen;
+  std::optional<int> others_permits;
+  const auto r = runner.run({.id = "inv-1", .run_id = "r1"}, [&](job::JobContext& ctx) {
+    key_seen = ctx.lock_key();
+    holders_seen = admin("ZCARD jobguard:sem:{psp:acme-pay}");
+    lock_seen = admin("EXISTS jobguard:lock:{psp:acme-pay}");
+    // The four others of the five fit beside this holder; a sixth does not.
+    std::vector<Lock> others;
+    for (int i = 0; i < 5; ++i)
+      if (auto l = svc->acquire("psp:acme-pay", {.ttl = 10s, .permits = 5})) others.push_back(std::move(*l));
+    others_permits = static_cast<int>(others.size());
+    return std::string("charged");
+  });
+  ASSERT_TRUE(r.ok()) << r.detail;
+  EXPECT_EQ(key_seen, "jobguard:sem:{psp:acme-pay}");
+  EXPECT_EQ(holders_seen, "1");
+  EXPECT_EQ(lock_seen, "0");
+  EXPECT_EQ(others_permits, 4);
+  EXPECT_EQ(admin("ZCARD jobguard:sem:{psp:acme-pay}"), "0");  // every permit given back
+}
+
+TEST_F(CatalogRunner, ReadWriteClassesHoldTheResourcesReadersOrItsWriter) {
+  const auto catalog = job::Catalog::load(kExample);
+  const job::LockClass& report = catalog.get("ledger-report");   // mode: shared
+  const job::LockClass& rebuild = catalog.get("ledger-rebuild");  // mode: exclusive, renewing, fenced
+  auto client = make_client();
+  auto svc = LockService::create(*client);
+  auto leases = LeaseScheduler::create(svc);
+  guard::RedisCompletionStore records(*client);
+  guard::RedisIdempotencyStore keys(*client);
+  job::GuardedRunner readers(leases, report, {.completions = &records});
+  job::GuardedRunner writers(leases, rebuild, {.completions = &records, .idempotency = &keys});
+  LockOptions reader{.ttl = 5s}, writer{.ttl = 5s};
+  reader.mode = LockMode::shared;
+  writer.mode = LockMode::exclusive;
+
+  std::string key_seen;
+  bool other_reader = false, writer_refused = false;
+  auto r = readers.run({.id = "7", .run_id = "d1"}, [&](job::JobContext& ctx) {
+    key_seen = ctx.lock_key();
+    other_reader = svc->acquire("book:7", reader).has_value();
+    writer_refused = !svc->acquire("book:7", writer).has_value();
+    return std::string("read");
+  });
+  ASSERT_TRUE(r.ok()) << r.detail;
+  EXPECT_EQ(key_seen, "jobguard:rwr:{book:7}");
+  EXPECT_TRUE(other_reader);
+  EXPECT_TRUE(writer_refused);
+
+  bool reader_refused = false;
+  std::optional<std::int64_t> fence;
+  r = writers.run({.id = "7", .run_id = "n1"}, [&](job::JobContext& ctx) {
+    key_seen = ctx.lock_key();
+    fence = ctx.fence();
+    reader_refused = !svc->acquire("book:7", reader).has_value();
+    return std::string("rebuilt");
+  });
+  ASSERT_TRUE(r.ok()) << r.detail;
+  EXPECT_EQ(key_seen, "jobguard:rww:{book:7}");
+  EXPECT_TRUE(fence.has_value());  // fencing: true
+  EXPECT_TRUE(reader_refused);
+  EXPECT_EQ(admin("ZCARD jobguard:rww:{book:7}"), "0");
+}
+
 }  // namespace
 }  // namespace jobguard::test

@@ -131,6 +131,43 @@ TEST_F(MultiLockTest, AWaiterGetsEveryKeyOnceTheBusyOneIsReleased) {
   EXPECT_EQ(value(b), m->find(b)->token());
 }
 
+// The four numbers per class (docs/observability.md): each key of a set
+// counts as a mutex's acquire call, grant, hold and release would; a lost
+// lease of the set once. The awaitable release answers for every key.
+TEST_F(MultiLockTest, TheClassNumbersCountEveryKeyOfTheSet) {
+  const auto a = resource("a"), b = resource("b"), c = resource("c");
+  observe::Registry registry;  // before the client: scope-exit releases count into it from the loop
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2, LockServiceOptions{.metrics = &registry});
+  auto sched2 = LeaseScheduler::create(svc2);
+  LockOptions o = opts(1s);
+  o.lock_class = "transfer";
+  auto& m = registry.lock_class("transfer");
+  auto both = acquire_all(*svc2, {a, b}, o);
+  ASSERT_TRUE(both);
+  EXPECT_EQ(m.acquisitions_total.value(), 2u);
+  EXPECT_EQ(m.wait_seconds.snapshot().count, 2u);
+  EXPECT_EQ(m.contended_total.value(), 0u);
+  EXPECT_FALSE(acquire_all(*svc2, {b, c}, o));  // b is held: busy, nothing taken
+  EXPECT_EQ(m.busy_total.value(), 1u);
+  EXPECT_EQ(m.wait_seconds.snapshot().count, 4u);
+  EXPECT_EQ(m.contended_total.value(), 2u);
+  EXPECT_TRUE(async_release(*both, boost::asio::use_future).get());
+  EXPECT_EQ(exists(a) + exists(b), 0);
+  ASSERT_TRUE(eventually([&] { return m.releases_total.value() == 2; }));
+  EXPECT_EQ(m.hold_seconds.snapshot().count, 2u);
+
+  // A lease of the set, taken by the awaitable form, lost with one key.
+  auto lease = async_acquire_all(*sched2, {a, c}, o, LeaseOptions{}, boost::asio::use_future).get();
+  ASSERT_TRUE(lease);
+  EXPECT_EQ(lease->lock_count(), 2u);
+  client->exec(redis::Command{"SET", svc->keys().lock_key(c), "intruder", "PX", "10000"});
+  ASSERT_TRUE(eventually([&] { return lease->lost(); }, 5s));
+  ASSERT_TRUE(eventually([&] { return m.hold_seconds.snapshot().count == 4; }));
+  EXPECT_EQ(m.leases_lost_total.value(), 1u);
+  EXPECT_EQ(m.acquisitions_total.value(), 4u);
+}
+
 TEST_F(MultiLockTest, BadSetsAreRefusedBeforeAnythingIsSent) {
   const auto a = resource("a");
   auto expect_invalid = [&](std::vector<std::string> rs, LockOptions o, const std::string& words) {

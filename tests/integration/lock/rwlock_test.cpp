@@ -87,6 +87,73 @@ TEST_F(RwLockTest, ReadersHoldTogetherAndAWriterHoldsAlone) {
   EXPECT_TRUE(svc->acquire(r, reader()));
 }
 
+TEST_F(RwLockTest, ListedOnceEachAndTheLongestWaitingWriterIsReported) {
+  const auto read = resource("books"), write = resource("stock"), idle = resource("idle");
+  auto r1 = svc->acquire(read, reader());
+  auto r2 = svc->acquire(read, reader());
+  auto w = svc->acquire(write, writer());
+  ASSERT_TRUE(r1 && r2 && w);
+  auto gone = svc->acquire(idle, reader());
+  ASSERT_TRUE(gone && gone->release());  // no live holder: not listed
+  EXPECT_EQ(inspect_rwlock(*svc, read).writer_waiting, 0ms);
+
+  const std::int64_t before = server_ms();
+  auto waiting = std::async(std::launch::async, [&] { return svc->acquire(read, writer(10s, 10s)); });
+  ASSERT_TRUE(eventually([&] { return waiting_writers(read) == 1; }));
+  auto info = inspect_rwlock(*svc, read);
+  EXPECT_EQ(info.waiting_writers, 1);
+  EXPECT_GE(info.writer_waiting, 0ms);
+  EXPECT_LE(info.writer_waiting.count(), info.server_time_ms - before);
+
+  const auto all = admin::list_rwlocks(*svc, {.prefix = resource("")});
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].resource, read);  // sorted
+  EXPECT_EQ(all[0].readers.size(), 2u);
+  EXPECT_EQ(all[0].waiting_writers, 1);
+  EXPECT_EQ(all[1].resource, write);
+  ASSERT_TRUE(all[1].writer);
+  EXPECT_EQ(all[1].writer->token, w->token());
+  EXPECT_EQ(admin::list_rwlocks(*svc, {.prefix = resource(""), .limit = 1}).size(), 1u);
+  EXPECT_EQ(admin::list_rwlocks(*svc, {.prefix = resource("b")}).size(), 1u);
+
+  EXPECT_TRUE(r1->release() && r2->release());
+  auto granted = waiting.get();
+  ASSERT_TRUE(granted);
+  EXPECT_EQ(inspect_rwlock(*svc, read).writer_waiting, 0ms);
+}
+
+// The four numbers per class (docs/observability.md), counted for readers
+// and writers as for locks.
+TEST_F(RwLockTest, TheClassNumbersCountReadersAndWritersAsTheyCountLocks) {
+  const auto r = resource("book");
+  observe::Registry registry;  // before the client: scope-exit releases count into it from the loop
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2, LockServiceOptions{.metrics = &registry});
+  auto sched2 = LeaseScheduler::create(svc2);
+  LockOptions ro = reader(1s), wo = writer(1s);
+  ro.lock_class = wo.lock_class = "book";
+  auto& m = registry.lock_class("book");
+  auto r1 = svc2->acquire(r, ro);
+  auto r2 = svc2->acquire(r, ro);
+  ASSERT_TRUE(r1 && r2);
+  EXPECT_FALSE(svc2->acquire(r, wo));
+  EXPECT_EQ(m.acquisitions_total.value(), 2u);
+  EXPECT_EQ(m.busy_total.value(), 1u);
+  EXPECT_EQ(m.contended_total.value(), 1u);
+  EXPECT_EQ(m.wait_seconds.snapshot().count, 3u);
+  EXPECT_TRUE(r1->release() && r2->release());
+  ASSERT_TRUE(eventually([&] { return m.releases_total.value() == 2; }));
+  EXPECT_EQ(m.hold_seconds.snapshot().count, 2u);
+  auto w = svc2->acquire(r, wo);
+  ASSERT_TRUE(w);
+  Lease lease = sched2->adopt(std::move(*w));
+  EXPECT_EQ(force_release_rw(*svc, r, {.reason = "test"}).outcome, admin::ForceReleaseResult::Outcome::released);
+  ASSERT_TRUE(eventually([&] { return lease.lost(); }, 5s));
+  ASSERT_TRUE(eventually([&] { return m.hold_seconds.snapshot().count == 3; }));
+  EXPECT_EQ(m.leases_lost_total.value(), 1u);
+  EXPECT_EQ(m.acquisitions_total.value(), 3u);
+}
+
 TEST_F(RwLockTest, AWaitingWriterStopsNewReadersAndIsFencedAfterTheReadersItExcluded) {
   const auto r = resource("ledger");
   auto a = svc->acquire(r, reader());

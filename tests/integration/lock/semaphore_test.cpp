@@ -15,6 +15,7 @@
 #include "fixtures.hpp"
 #include "jobguard/async.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/observe/metrics.hpp"
 #include "jobguard/semaphore.hpp"
 
 using namespace std::chrono_literals;
@@ -391,6 +392,36 @@ TEST_F(SemaphoreTest, EveryKeyOfASemaphoreIsInTheResourcesSlot) {
   for (const auto& key : {k.permit_holders_key("inv:1"), k.permit_line_key("inv:1"), k.permit_line_expiry_key("inv:1"),
                           k.permit_count_key("inv:1"), k.permit_channel("inv:1"), k.fence_key("inv:1")})
     EXPECT_NE(key.find("{inv:1}"), std::string::npos) << key;
+}
+
+// The four numbers per class (docs/observability.md), counted for permits as
+// for locks: grants, busy answers and contended calls, holds, lost leases.
+TEST_F(SemaphoreTest, TheClassNumbersCountPermitsAsTheyCountLocks) {
+  const auto r = resource("psp");
+  observe::Registry registry;  // before the client: scope-exit releases count into it from the loop
+  auto c2 = make_client();
+  auto svc2 = LockService::create(*c2, LockServiceOptions{.metrics = &registry});
+  auto sched2 = LeaseScheduler::create(svc2);
+  LockOptions o = permits(2, 1s);
+  o.lock_class = "psp";
+  auto& m = registry.lock_class("psp");
+  auto p1 = svc2->acquire(r, o);
+  auto p2 = svc2->acquire(r, o);
+  ASSERT_TRUE(p1 && p2);
+  EXPECT_FALSE(svc2->acquire(r, o));
+  EXPECT_EQ(m.acquisitions_total.value(), 2u);
+  EXPECT_EQ(m.busy_total.value(), 1u);
+  EXPECT_EQ(m.contended_total.value(), 1u);
+  EXPECT_EQ(m.wait_seconds.snapshot().count, 3u);
+  EXPECT_TRUE(p1->release());
+  ASSERT_TRUE(eventually([&] { return m.releases_total.value() == 1; }));
+  EXPECT_EQ(m.hold_seconds.snapshot().count, 1u);
+  Lease lease = sched2->adopt(std::move(*p2));
+  const auto freed = admin::force_release_permit(*svc, r, {.reason = "test", .slot = lease.lock_at(0).permit_slot()});
+  EXPECT_EQ(freed.outcome, admin::ForceReleaseResult::Outcome::released);
+  ASSERT_TRUE(eventually([&] { return lease.lost(); }, 5s));
+  ASSERT_TRUE(eventually([&] { return m.hold_seconds.snapshot().count == 2; }));
+  EXPECT_EQ(m.leases_lost_total.value(), 1u);
 }
 
 TEST_F(SemaphoreTest, TheAsyncFormsGrantAndReleaseAPermit) {

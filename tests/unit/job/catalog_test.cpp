@@ -127,6 +127,52 @@ TEST(Catalog, DecisionMatrixViolationsAreErrors) {
   EXPECT_EQ(f[0].cls, "invoice-charge");
 }
 
+TEST(Catalog, AClassMayDeclarePermitsOrAReadWriteMode) {
+  auto cat = Catalog::parse(edit("    fencing: false", "    fencing: false\n    permits: 5"), "cat.yaml");
+  EXPECT_EQ(cat.get("invoice-charge").permits, 5);
+  EXPECT_EQ(cat.get("invoice-charge").mode, LockMode::mutex);
+  EXPECT_EQ(cat.get("tenant-sync").permits, 0);
+  cat = Catalog::parse(edit("    fencing: false", "    fencing: false\n    mode: shared"), "cat.yaml");
+  EXPECT_EQ(cat.get("invoice-charge").mode, LockMode::shared);
+  EXPECT_EQ(cat.get("invoice-charge").permits, 0);
+  // A high class may be a writer: its advisory lock admits one holder too.
+  cat = Catalog::parse(edit("    fencing: true", "    fencing: true\n    mode: exclusive"), "cat.yaml");
+  EXPECT_EQ(cat.get("tenant-sync").mode, LockMode::exclusive);
+  const auto md = render_markdown(cat);
+  EXPECT_NE(md.find("`<prefix>:rww:{tenant:{id}:sync}`"), std::string::npos) << md;
+  EXPECT_NE(md.find("- **Holders:** the writer alone"), std::string::npos) << md;
+  EXPECT_NE(md.find("`<prefix>:lock:{invoice:{id}}`"), std::string::npos) << md;
+}
+
+TEST(Catalog, PermitsAndModeContradictionsAreErrorsOnTheirLines) {
+  auto one = [](const std::string& yaml) {
+    const auto f = findings_of(yaml);
+    EXPECT_EQ(f.size(), 1u) << yaml;
+    return f.empty() ? CatalogFinding{} : f[0];
+  };
+  const std::string after = "    fencing: false";
+  for (const char* bad : {"0", "-2", "five", "2.5", "10001", "[3]"}) {
+    const auto f = one(edit(after, after + "\n    permits: " + bad));
+    EXPECT_EQ(f.line, 11) << bad;
+    EXPECT_NE(f.message.find("expected a whole number in 1..10000"), std::string::npos) << f.message;
+  }
+  auto f = one(edit(after, after + "\n    mode: writer"));
+  EXPECT_EQ(f.line, 11);
+  EXPECT_NE(f.message.find("mode \"writer\": expected shared or exclusive"), std::string::npos) << f.message;
+  f = one(edit(after, after + "\n    permits: 3\n    mode: shared"));
+  EXPECT_EQ(f.cls, "invoice-charge");
+  EXPECT_NE(f.message.find("permits with mode shared: a read-write lock is not a semaphore"), std::string::npos)
+      << f.message;
+  f = one(edit(after, after + "\n    permits: 3\n    mode: exclusive"));
+  EXPECT_NE(f.message.find("permits with mode exclusive"), std::string::npos) << f.message;
+  // The high row's PostgreSQL advisory lock admits one holder.
+  f = one(edit("    fencing: true", "    fencing: true\n    permits: 2"));
+  EXPECT_EQ(f.cls, "tenant-sync");
+  EXPECT_NE(f.message.find("consequence high with permits"), std::string::npos) << f.message;
+  f = one(edit("    fencing: true", "    fencing: true\n    mode: shared"));
+  EXPECT_NE(f.message.find("consequence high with mode shared"), std::string::npos) << f.message;
+}
+
 TEST(Catalog, DuplicateNamesAreAnError) {
   std::string s = kGood;
   const auto at = s.find("tenant-sync");

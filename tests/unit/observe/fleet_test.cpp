@@ -1,7 +1,8 @@
 // The fleet numbers' pure parts: deltas between registry snapshots, the hash
 // fields a bucket stores, window math on a fake clock, merging buckets of
 // several processes, the four numbers, and the monotonic accumulator serve
-// exports. No server.
+// exports (its Prometheus text: tests/unit/ops/fleet_exporter_test.cpp). No
+// server.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -252,40 +253,6 @@ TEST(FleetAccumulatorTest, MemoryStaysOneWindowPerClassHoweverLongItRuns) {
   for (std::int64_t m = 1000 - 60; m < 1000; ++m) before += static_cast<std::uint64_t>(m % 3 + 1);
   EXPECT_EQ(acc.totals().at("run").acquisitions, published + before);
   EXPECT_EQ(acc.totals().at("other").acquisitions, published + before);
-}
-
-TEST(FleetExposition, EveryFamilyHasHelpAndTypeAndClassLabels) {
-  std::map<std::string, FleetCounts, std::less<>> totals;
-  auto& c = totals["bill\"ing"];
-  c.acquisitions = 3;
-  c.leases_lost = 1;
-  c.released_not_owner = 2;
-  c.hold_buckets[Histogram::bucket_index(0.002)] = 3;
-  c.hold_sum_ns = 6'000'000;
-  c.rate_limited = 4;
-  c.rate_limit_wait_ms = 2500;
-  c.concurrency_limited = 5;
-  c.concurrency_limit_wait_ms = 120;
-  const std::string t = fleet_to_prometheus(totals, true);
-  EXPECT_NE(t.find("# TYPE jobguard_fleet_lock_acquisitions_total counter\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_lock_acquisitions_total{class=\"bill\\\"ing\"} 3\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_lock_expired_total{class=\"bill\\\"ing\"} 3\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("# TYPE jobguard_fleet_lock_hold_seconds histogram\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_lock_hold_seconds_bucket{class=\"bill\\\"ing\",le=\"0.0025\"} 3\n"),
-            std::string::npos)
-      << t;
-  EXPECT_NE(t.find("jobguard_fleet_lock_hold_seconds_count{class=\"bill\\\"ing\"} 3\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_lock_hold_seconds_sum{class=\"bill\\\"ing\"} 0.006\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("# TYPE jobguard_fleet_job_rate_limited_total counter\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_job_rate_limited_total{class=\"bill\\\"ing\"} 4\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_job_rate_limit_wait_seconds_total{class=\"bill\\\"ing\"} 2.5\n"), std::string::npos)
-      << t;
-  EXPECT_NE(t.find("jobguard_fleet_job_concurrency_limited_total{class=\"bill\\\"ing\"} 5\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("jobguard_fleet_job_concurrency_limit_wait_seconds_total{class=\"bill\\\"ing\"} 0.12\n"),
-            std::string::npos)
-      << t;
-  EXPECT_NE(t.find("jobguard_fleet_up 1\n"), std::string::npos);
-  EXPECT_NE(fleet_to_prometheus({}, false).find("jobguard_fleet_up 0\n"), std::string::npos);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 #include <sstream>
 #include <string>
 
-#include "integration/observe/http_client.hpp"
+#include "integration/ops/http_client.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"

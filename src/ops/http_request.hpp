@@ -1,7 +1,7 @@
 // Sans-IO HTTP/1.x for the metrics server and the dashboard: request bytes in, requests or an
 // error status out; a route table that turns a request into a response; the
 // response's bytes. No sockets, so the whole request path is tested and
-// fuzzed by feeding it bytes (tests/unit/observe/http_request_test.cpp,
+// fuzzed by feeding it bytes (tests/unit/ops/http_request_test.cpp,
 // fuzz/http_fuzzer.cpp); metrics_server.cpp is the thin I/O shell around it.
 //
 // Only what a scrape endpoint and the dashboard need: small headers and a
@@ -22,9 +22,9 @@
 #include <utility>
 #include <vector>
 
-#include "jobguard/observe/http.hpp"
+#include "jobguard/ops/http.hpp"
 
-namespace jobguard::observe::http {
+namespace jobguard::ops::http {
 
 struct Limits {
   std::size_t max_header_bytes = 8 * 1024;  // request line + headers; over it: 431
@@ -99,4 +99,4 @@ class Router {
   std::map<std::string, Route, std::less<>> routes_;
 };
 
-}  // namespace jobguard::observe::http
+}  // namespace jobguard::ops::http

@@ -4,22 +4,26 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <future>
 #include <thread>
 
 #include "jobguard/admin.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/guard/postgres.hpp"
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/ops/doctor.hpp"
 #include "support/postgres_fixture.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"
 #include "support/tls_certs.hpp"
-#include "integration/observe/exposition_parser.hpp"
+#include "integration/ops/exposition_parser.hpp"
 #include "jobguard/error.hpp"
+#include "jobguard/job/catalog.hpp"
 #include "jobguard/lock.hpp"
+#include "jobguard/rwlock.hpp"
+#include "jobguard/semaphore.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 namespace {
 
 using namespace std::chrono_literals;
@@ -65,7 +69,8 @@ TEST(Doctor, AHealthyServerPassesEveryConfigurationCheck) {
   auto s = start({"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, true);
   const auto rs = doctor(*s, options_for(*s));
   for (const char* name : {"connection", "role", "replicas", "eviction", "evicted_keys", "persistence", "lua", "acl",
-                           "clock", "clock_steps", "cluster", "shared_workload", "replica_confirmation"})
+                           "clock", "clock_steps", "cluster", "shared_workload", "replica_confirmation", "semaphores",
+                           "rwlocks"})
     EXPECT_EQ(find(rs, name).status, CheckStatus::ok) << name << "\n" << dump(rs);
   EXPECT_THROW(find(rs, "sentinel"), std::runtime_error) << "no sentinel check without Sentinel";
   // Latency depends on this shared machine's load; it must at least be measured.
@@ -567,5 +572,74 @@ TEST(RedisWatch, CountsHealthyReplicasAgainstTheRequiredOnes) {
   EXPECT_TRUE(test::eventually([&] { return watch_redis(c, d).replicas_healthy == 1; }, 15s));
 }
 
+// The live primitives: a semaphore over its lowered count, a stored count
+// against the catalog's, a writer waiting behind readers, and holders of
+// different kinds of lock on one resource.
+TEST(Doctor, SemaphoresOverTheirCountWritersKeptWaitingAndMixedLocksWarn) {
+  auto s = start({});
+  redis::Client c(options_for(*s));
+  ASSERT_TRUE(c.wait_connected(2s));
+  trust_new_server(c);
+  auto svc = LockService::create(c);
+  DoctorOptions d;
+  EXPECT_EQ(check_semaphores(c, d).status, CheckStatus::ok);
+  EXPECT_EQ(check_rwlocks(c, d).status, CheckStatus::ok);
+
+  LockOptions permit{.ttl = 20s, .permits = 3};
+  auto p1 = svc->acquire("psp", permit), p2 = svc->acquire("psp", permit);
+  ASSERT_TRUE(p1 && p2);
+  auto r = check_semaphores(c, d);
+  EXPECT_EQ(r.status, CheckStatus::ok) << r.detail;
+  EXPECT_NE(r.detail.find("1 semaphore with live permits, 2 permits held"), std::string::npos) << r.detail;
+  set_permits(*svc, "psp", 1);  // lowered under two holders
+  r = check_semaphores(c, d);
+  EXPECT_EQ(r.status, CheckStatus::warn);
+  EXPECT_NE(r.detail.find("psp: 2 holders of 1 permits"), std::string::npos) << r.detail;
+  clear_permits(*svc, "psp");
+
+  // The catalog declares 1 permit for the class of "psp".
+  d.catalog = std::make_shared<const job::Catalog>(job::Catalog::parse(R"(classes:
+  - {name: psp, key: psp, owner: o, protects: p, consequence: low, ttl: 20s, renewal: false, hard_timeout: none,
+     fencing: false, on_redis_down: fail-closed, fallback: f, permits: 1}
+  - {name: book, key: "book:{id}", owner: o, protects: p, consequence: low, ttl: 20s, renewal: false,
+     hard_timeout: none, fencing: false, on_redis_down: fail-closed, fallback: f})", "cat.yaml"));
+  r = check_semaphores(c, d);
+  EXPECT_EQ(r.status, CheckStatus::warn);
+  EXPECT_NE(r.detail.find("2 holders, above the 1 permits class 'psp' declares"), std::string::npos) << r.detail;
+
+  // A reader holds; a writer waits behind it.
+  LockOptions reader{.ttl = 20s}, writer{.ttl = 20s, .wait = 20s};
+  reader.mode = LockMode::shared;
+  writer.mode = LockMode::exclusive;
+  auto rd = svc->acquire("book:1", reader);
+  ASSERT_TRUE(rd);
+  r = check_rwlocks(c, d);
+  EXPECT_EQ(r.status, CheckStatus::warn);  // the catalog's class "book" is a lock
+  EXPECT_NE(r.detail.find("book:1: held as a read-write lock, but its class 'book' declares a lock"),
+            std::string::npos) << r.detail;
+  d.catalog.reset();
+  EXPECT_EQ(check_rwlocks(c, d).status, CheckStatus::ok) << check_rwlocks(c, d).detail;
+  auto waiting = std::async(std::launch::async, [&] { return svc->acquire("book:1", writer); });
+  ASSERT_TRUE(test::eventually([&] { return inspect_rwlock(*svc, "book:1").waiting_writers == 1; }, 10s));
+  d.writer_wait_warn = 0ms;  // any wait is too long: the check reports every waiting writer
+  r = check_rwlocks(c, d);
+  EXPECT_EQ(r.status, CheckStatus::warn);
+  EXPECT_NE(r.detail.find("book:1: a writer has waited"), std::string::npos) << r.detail;
+  EXPECT_NE(r.detail.find("behind 1 reader"), std::string::npos) << r.detail;
+  d.writer_wait_warn = 1h;
+  EXPECT_EQ(check_rwlocks(c, d).status, CheckStatus::ok);
+  ASSERT_TRUE(rd->release());
+  ASSERT_TRUE(waiting.get());
+
+  // A plain lock on the semaphore's resource: neither excludes the other.
+  auto plain = svc->acquire("psp", {.ttl = 20s});
+  ASSERT_TRUE(plain);
+  r = check_semaphores(c, d);
+  EXPECT_EQ(r.status, CheckStatus::warn);
+  EXPECT_NE(r.detail.find("psp: a plain lock is held beside 2 permit holders"), std::string::npos) << r.detail;
+  const auto all = check_redis(c, d);
+  EXPECT_EQ(find(all, "semaphores").status, CheckStatus::warn) << dump(all);
+}
+
 }  // namespace
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

@@ -10,11 +10,15 @@
 #include <thread>
 
 #include "jobguard/error.hpp"
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/ops/doctor.hpp"
 #include "jobguard/observe/exposition.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 namespace {
+
+using observe::escape_help;
+using observe::escape_label_value;
+using observe::format_value;
 
 void header(std::string& out, const char* name, const char* help, const char* type) {
   fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help), name, type);
@@ -146,4 +150,4 @@ std::string RedisWatcher::text() const {
   return impl_->text;
 }
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

@@ -14,9 +14,10 @@
 #include "http_client.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/observe/metrics.hpp"
-#include "jobguard/observe/metrics_server.hpp"
+#include "jobguard/ops/metrics_server.hpp"
 
 using namespace jobguard::observe;
+using namespace jobguard::ops;
 using jobguard::test::http_request;
 using jobguard::test::parse_exposition;
 using jobguard::test::TcpConn;

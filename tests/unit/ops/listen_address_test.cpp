@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 
 #include "jobguard/error.hpp"
-#include "jobguard/observe/metrics_server.hpp"
+#include "jobguard/ops/metrics_server.hpp"
 
-using jobguard::observe::parse_listen_address;
+using jobguard::ops::parse_listen_address;
 
 namespace {
 std::string error_of(const std::string& text) {

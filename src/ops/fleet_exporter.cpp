@@ -11,11 +11,25 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/observe/exposition.hpp"
-#include "jobguard/observe/fleet.hpp"
+#include "jobguard/ops/fleet_exporter.hpp"
 #include "jobguard/redis/client.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
+
+using observe::FleetAccumulator;
+using observe::FleetCounts;
+using observe::FleetReader;
+using observe::FleetReaderOptions;
+using observe::HistogramSnapshot;
+using observe::unix_minute;
+using observe::WallClock;
+
 namespace {
+
+using observe::escape_help;
+using observe::escape_label_value;
+using observe::format_value;
+using observe::kSecondsBuckets;
 
 using Field = std::uint64_t FleetCounts::*;
 struct CounterFamily {
@@ -182,4 +196,4 @@ std::string FleetExporter::text() const {
   return impl_->text;
 }
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

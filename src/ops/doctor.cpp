@@ -1,10 +1,9 @@
-#include "jobguard/observe/doctor.hpp"
+#include "jobguard/ops/doctor.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
-#include <ctime>
 #include <functional>
 #include <future>
 #include <memory>
@@ -15,24 +14,11 @@
 #include "jobguard/error.hpp"
 #include "jobguard/guard/postgres.hpp"
 #include "jobguard/redis/script.hpp"
+#include "doctor_internal.hpp"
 
-namespace jobguard::observe {
-namespace {
+namespace jobguard::ops {
 
-using Clock = std::chrono::steady_clock;
-using std::chrono::duration_cast;
-using std::chrono::milliseconds;
-using Info = std::map<std::string, std::string>;
-
-CheckResult ok(std::string name, std::string detail) { return {std::move(name), CheckStatus::ok, std::move(detail), {}}; }
-CheckResult warn(std::string name, std::string detail, std::string advice) {
-  return {std::move(name), CheckStatus::warn, std::move(detail), std::move(advice)};
-}
-CheckResult fail(std::string name, std::string detail, std::string advice) {
-  return {std::move(name), CheckStatus::fail, std::move(detail), std::move(advice)};
-}
-
-Info parse_info(const std::string& text) {
+checks::Info checks::parse_info(const std::string& text) {
   Info m;
   std::istringstream in(text);
   std::string line;
@@ -46,16 +32,18 @@ Info parse_info(const std::string& text) {
   return m;
 }
 
-std::string get(const Info& i, const std::string& k) {
-  auto it = i.find(k);
-  return it == i.end() ? std::string() : it->second;
-}
+namespace {
 
-std::int64_t to_i64(std::string_view s, std::int64_t dflt = 0) {
-  std::int64_t v = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  return ec == std::errc() ? v : dflt;
-}
+using Clock = std::chrono::steady_clock;
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+using checks::fail;
+using checks::get;
+using checks::Info;
+using checks::ok;
+using checks::parse_info;
+using checks::to_i64;
+using checks::warn;
 
 // "ip=127.0.0.1,port=6380,state=online,offset=42,lag=0" -> fields.
 std::map<std::string, std::string> parse_fields(const std::string& s) {
@@ -252,31 +240,6 @@ CheckResult latency_check(redis::Client& c, const DoctorOptions& o) {
   return ok("latency", detail);
 }
 
-CheckResult clock_check(redis::Client& c, const DoctorOptions& o) {
-  std::function<std::chrono::system_clock::time_point()> now = o.now;
-  if (!now) now = [] { return std::chrono::system_clock::now(); };
-  const auto t0 = now();
-  auto r = c.exec(redis::Command{"TIME"});
-  const auto t1 = now();
-  if (!r.is_array() || r.elements.size() != 2)
-    return fail("clock", fmt::format("TIME returned {}", redis::to_debug_string(r)), "");
-  const std::int64_t server_us = to_i64(r.elements[0].str) * 1000000 + to_i64(r.elements[1].str);
-  const auto mid = t0 + (t1 - t0) / 2;
-  const std::int64_t local_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(mid.time_since_epoch()).count();
-  const auto offset = milliseconds((server_us - local_us) / 1000);
-  const auto abs = offset < milliseconds(0) ? -offset : offset;
-  const auto rtt = std::chrono::duration_cast<milliseconds>(t1 - t0);
-  const auto detail = fmt::format("server clock {} {} ms {} this host's (round trip {} ms)", "is", abs.count(),
-                                  offset.count() >= 0 ? "ahead of" : "behind", rtt.count());
-  const std::string advice =
-      "run NTP on both hosts: Redis expires keys by its wall clock, so a server clock that is stepped forward "
-      "expires held locks early; audit times and lock ages are server times";
-  if (abs >= o.clock_fail) return fail("clock", detail, advice);
-  if (abs >= o.clock_warn) return warn("clock", detail, advice);
-  return ok("clock", detail);
-}
-
 CheckResult check_cluster(redis::Client& c, const Info& info) {
   const bool enabled = get(info, "cluster_enabled") == "1";
   if (enabled && !c.options().cluster)
@@ -422,55 +385,6 @@ CheckResult check_latency(redis::Client& c, const DoctorOptions& o) {
   if (o.pings < 1) throw Error(errc::invalid_argument, "doctor: pings must be >= 1");
   return latency_check(c, o);
 }
-CheckResult check_clock(redis::Client& c, const DoctorOptions& o) { return clock_check(c, o); }
-
-namespace {
-std::string format_server_ms(std::int64_t ms) {
-  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  if (!gmtime_r(&secs, &tm)) return std::to_string(ms);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec);
-}
-
-// The server clock steps lock clients found and wrote to the lock-state
-// record (docs/lock-safety.md, "Server clock steps"): each expired held
-// locks early and cost a quarantine. `steps` gets the count for the gauges.
-// On a cluster every primary's record counts the steps of its own clock;
-// the last one named is the latest by its own server time.
-CheckResult clock_steps_check(redis::Client& c, std::int64_t& steps) {
-  steps = 0;
-  std::string last, where;
-  std::int64_t last_at = -1;
-  for (const auto& rec : admin::lock_state_records(c)) {
-    redis::CallOptions on;
-    on.node = rec.node;
-    const auto r = c.exec(redis::Command{"HMGET", rec.key, "clock_steps", "clock_step_last"}, on);
-    if (!r.is_array() || r.elements.size() != 2)
-      return fail("clock_steps", rec.address + ": unexpected HMGET reply", "see the error");
-    steps += r.elements[0].is_string() ? to_i64(r.elements[0].str) : 0;
-    // "<ms> <server time ms>"
-    const std::string l = r.elements[1].is_string() ? r.elements[1].str : "";
-    const auto sp = l.find(' ');
-    const std::int64_t at = sp == std::string::npos ? 0 : to_i64(l.substr(sp + 1));
-    if (!l.empty() && at > last_at) {
-      last = l;
-      last_at = at;
-      where = c.options().cluster ? " on " + rec.address : "";
-    }
-  }
-  if (steps == 0) return ok("clock_steps", "no step of the server's clock found by lock clients");
-  const auto sp = last.find(' ');
-  const std::string size = sp == std::string::npos ? last : last.substr(0, sp);
-  const std::string when = sp == std::string::npos ? std::string("?") : format_server_ms(last_at);
-  return warn("clock_steps",
-              fmt::format("lock clients found the server's clock stepped forward {} time(s), the last by {} ms at {} "
-                          "(server time){}",
-                          steps, size, when, where),
-              "a forward step expires held locks early; each one quarantined the server for max_ttl. Keep the "
-              "server's clock slewed, not stepped (chrony makestep off after boot, ntpd -x)");
-}
-}  // namespace
 
 const char* to_string(CheckStatus s) noexcept {
   switch (s) {
@@ -488,10 +402,11 @@ CheckStatus worst(const std::vector<CheckResult>& results) noexcept {
   return w;
 }
 
-std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
+namespace {
+// PING and INFO: the "connection" finding first in `out`; false (and only
+// that FAIL, with the call's code) when the server did not answer.
+bool connect(redis::Client& c, const DoctorOptions& o, Info& info, std::vector<CheckResult>& out) {
   if (o.pings < 1) throw Error(errc::invalid_argument, "doctor: pings must be >= 1");
-  std::vector<CheckResult> out;
-  Info info;
   try {
     c.exec(redis::Command{"PING"});
     info = parse_info(c.exec(redis::Command{"INFO"}).str);
@@ -499,95 +414,88 @@ std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
     out.push_back(fail("connection", fmt::format("{}: {}", c.address(), e.what()),
                        "check the URL, the network and the server; jobs of fail-closed classes do not run meanwhile"));
     out.back().code = e.code();
-    return out;
+    return false;
   }
   out.push_back(ok("connection", fmt::format("{}: redis {}", c.address(), get(info, "redis_version"))));
-  // Each check stands alone: one that errors is reported, the others still run.
-  auto guarded = [&](const char* name, auto fn) {
-    try {
-      out.push_back(fn());
-    } catch (const Error& e) {
-      out.push_back(fail(name, fmt::format("the check failed: {}", e.what()), "see the error"));
-    }
-  };
-  guarded("role", [&] { return check_role(info); });
-  if (!c.options().sentinel.sentinels.empty()) guarded("sentinel", [&] { return check_sentinel(c); });
-  guarded("replicas", [&] { return check_replicas(info, o); });
-  guarded("replica_confirmation", [&] { return check_confirmation(c, info); });
-  guarded("eviction", [&] { return check_eviction(info); });
-  guarded("evicted_keys", [&] { return check_evicted(info); });
-  guarded("persistence", [&] { return check_persistence(c, info); });
-  guarded("lua", [&] { return check_lua(c); });
-  guarded("acl", [&] { return check_acl(c, o); });
-  guarded("latency", [&] { return check_latency(c, o); });
-  guarded("clock", [&] { return check_clock(c, o); });
-  std::int64_t steps = 0;
-  guarded("clock_steps", [&] { return clock_steps_check(c, steps); });
-  guarded("cluster", [&] { return check_cluster(c, info); });
-  guarded("shared_workload", [&] { return check_shared(c, info, o); });
+  return true;
+}
+
+// Runs one check into `out`: one that errors is reported, the others still run.
+template <class Fn>
+const CheckResult& guarded(std::vector<CheckResult>& out, const char* name, Fn fn) {
+  try {
+    out.push_back(fn());
+  } catch (const Error& e) {
+    out.push_back(fail(name, fmt::format("the check failed: {}", e.what()), "see the error"));
+  }
+  return out.back();
+}
+}  // namespace
+
+std::vector<CheckResult> check_redis(redis::Client& c, const DoctorOptions& o) {
+  std::vector<CheckResult> out;
+  Info info;
+  if (!connect(c, o, info, out)) return out;
+  auto check = [&](const char* name, auto fn) { guarded(out, name, fn); };
+  check("role", [&] { return check_role(info); });
+  if (!c.options().sentinel.sentinels.empty()) check("sentinel", [&] { return check_sentinel(c); });
+  check("replicas", [&] { return check_replicas(info, o); });
+  check("replica_confirmation", [&] { return check_confirmation(c, info); });
+  check("eviction", [&] { return check_eviction(info); });
+  check("evicted_keys", [&] { return check_evicted(info); });
+  check("persistence", [&] { return check_persistence(c, info); });
+  check("lua", [&] { return check_lua(c); });
+  check("acl", [&] { return check_acl(c, o); });
+  check("latency", [&] { return check_latency(c, o); });
+  check("clock", [&] { return check_clock(c, o); });
+  check("clock_steps", [&] { return check_clock_steps(read_lock_state(c), c.options().cluster); });
+  check("cluster", [&] { return check_cluster(c, info); });
+  check("shared_workload", [&] { return check_shared(c, info, o); });
+  check("semaphores", [&] { return check_semaphores(c, o); });
+  check("rwlocks", [&] { return check_rwlocks(c, o); });
   return out;
 }
 
 RedisFacts watch_redis(redis::Client& c, const DoctorOptions& o) {
-  if (o.pings < 1) throw Error(errc::invalid_argument, "doctor: pings must be >= 1");
   RedisFacts f;
   Info info;
-  try {
-    c.exec(redis::Command{"PING"});
-    info = parse_info(c.exec(redis::Command{"INFO"}).str);
-  } catch (const Error& e) {
-    f.checks.push_back(fail("connection", fmt::format("{}: {}", c.address(), e.what()),
-                            "check the URL, the network and the server; jobs of fail-closed classes do not run meanwhile"));
-    f.checks.back().code = e.code();
-    return f;
-  }
+  if (!connect(c, o, info, f.checks)) return f;
   f.up = true;
-  f.checks.push_back(ok("connection", fmt::format("{}: redis {}", c.address(), get(info, "redis_version"))));
-  auto guarded = [&](const char* name, auto fn) -> const CheckResult& {
-    try {
-      f.checks.push_back(fn());
-    } catch (const Error& e) {
-      f.checks.push_back(fail(name, fmt::format("the check failed: {}", e.what()), "see the error"));
+  auto check = [&](const char* name, auto fn) -> const CheckResult& { return guarded(f.checks, name, fn); };
+  check("role", [&] { return check_role(info); });
+  if (!c.options().sentinel.sentinels.empty()) check("sentinel", [&] { return check_sentinel(c); });
+  check("replicas", [&] { return check_replicas(info, o); });
+  check("replica_confirmation", [&] { return check_confirmation(c, info); });
+  f.evicting = check("eviction", [&] { return check_eviction(info); }).status == CheckStatus::fail;
+  check("evicted_keys", [&] { return check_evicted(info); });
+  f.persistent = check("persistence", [&] { return check_persistence(c, info); }).status == CheckStatus::ok;
+  check("latency", [&] { return check_latency(c, o); });
+  check("clock", [&] { return check_clock(c, o); });
+  // Read only: epoch.lua (which the lock clients run) is what starts a
+  // quarantine; the watcher must not start one by looking. An ACL that
+  // refuses the record leaves the lock-state gauges out rather than
+  // reporting "no record".
+  std::vector<LockStateServer> state;
+  check("clock_steps", [&] {
+    state = read_lock_state(c);
+    return check_clock_steps(state, c.options().cluster);
+  });
+  for (const auto& s : state) f.clock_steps += s.clock_steps;
+  if (!c.options().cluster && state.size() == 1) {
+    const auto& s = state.front();
+    f.lock_state_read = true;
+    f.lock_state_record = s.record;
+    f.lock_state_epoch = s.epoch;
+    if (s.quarantined()) {
+      f.quarantine_left = milliseconds(s.quarantine_until_ms - s.server_time_ms);
+      f.quarantine_reason = s.reason;
     }
-    return f.checks.back();
-  };
-  guarded("role", [&] { return check_role(info); });
-  if (!c.options().sentinel.sentinels.empty()) guarded("sentinel", [&] { return check_sentinel(c); });
-  guarded("replicas", [&] { return check_replicas(info, o); });
-  guarded("replica_confirmation", [&] { return check_confirmation(c, info); });
-  f.evicting = guarded("eviction", [&] { return check_eviction(info); }).status == CheckStatus::fail;
-  guarded("evicted_keys", [&] { return check_evicted(info); });
-  f.persistent = guarded("persistence", [&] { return check_persistence(c, info); }).status == CheckStatus::ok;
-  guarded("latency", [&] { return check_latency(c, o); });
-  guarded("clock", [&] { return check_clock(c, o); });
-  guarded("clock_steps", [&] { return clock_steps_check(c, f.clock_steps); });
-  guarded("cluster", [&] { return check_cluster(c, info); });
+  }
+  check("cluster", [&] { return check_cluster(c, info); });
   f.evicted_keys = to_i64(get(info, "evicted_keys"));
   f.replicas_connected = to_i64(get(info, "connected_slaves"));
   for (const auto& r : replica_states(info, o)) f.replicas_healthy += r.second ? 1 : 0;
   f.replicas_required = std::max(0, c.options().lock_replicas);
-  if (!c.options().cluster) {
-    try {
-      // Read only: epoch.lua (which the lock clients run) is what starts a
-      // quarantine; the watcher must not start one by looking.
-      auto rec = c.exec(redis::Command{"HMGET", admin::lock_state_key(), "id", "until", "reason"});
-      auto t = c.exec(redis::Command{"TIME"});
-      if (rec.is_array() && rec.elements.size() == 3 && t.is_array() && t.elements.size() == 2) {
-        f.lock_state_read = true;
-        f.lock_state_record = rec.elements[0].is_string();
-        f.lock_state_epoch = rec.elements[0].is_string() ? rec.elements[0].str : "";
-        const std::int64_t now_ms = to_i64(t.elements[0].str) * 1000 + to_i64(t.elements[1].str) / 1000;
-        const std::int64_t until = rec.elements[1].is_string() ? to_i64(rec.elements[1].str) : 0;
-        if (until > now_ms) {
-          f.quarantine_left = milliseconds(until - now_ms);
-          f.quarantine_reason = rec.elements[2].is_string() ? rec.elements[2].str : "";
-        }
-      }
-    } catch (const Error&) {
-      // An ACL that refuses HMGET on jobguard:epoch: the lock-state gauges
-      // are left out rather than reported as "no record".
-    }
-  }
   return f;
 }
 
@@ -665,4 +573,4 @@ std::vector<CheckResult> check_postgres(const std::string& url, const DoctorOpti
   return out;
 }
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

@@ -1,13 +1,13 @@
 // The dashboard's pure half: parameters, the token check, the JSON the API
-// answers (tests/cli/observe/dashboard_cli_test.cpp runs the real server).
+// answers (tests/cli/ops/dashboard_cli_test.cpp runs the real server).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "jobguard/job/catalog.hpp"
-#include "observe/dashboard_internal.hpp"
+#include "ops/dashboard_internal.hpp"
 
-namespace jobguard::observe::dash {
+namespace jobguard::ops::dash {
 namespace {
 
 using nlohmann::json;
@@ -103,6 +103,86 @@ TEST(DashboardJson, LocksCarryTheListingAndTheCatalogsClasses) {
   EXPECT_EQ(json::parse(locks_json(admin::ListResult{}, nullptr, false)).at("locks"), json::array());
 }
 
+TEST(DashboardJson, PrimitivesShowHoldersPerPermitReadersTheWriterAndTheirClasses) {
+  SemaphoreInfo s;
+  s.resource = "psp:acme";
+  s.key = "jobguard:sem:{psp:acme}";
+  s.stored_permits = 2;
+  s.holders = {{"web-1/10/pay", 0, std::chrono::milliseconds(900)}, {"web-2/11/pay", 1, std::chrono::milliseconds(400)}};
+  s.waiters = 3;
+  s.fence = 7;
+  s.server_time_ms = 1700000000000;
+  RwLockInfo rw;
+  rw.resource = "book:1";
+  rw.readers = {{"t1", "web-1/12/report", std::chrono::milliseconds(800)}};
+  rw.waiters = 1;
+  rw.waiting_writers = 1;
+  rw.writer_waiting = std::chrono::milliseconds(2500);
+  RwLockInfo w;
+  w.resource = "book:2";
+  w.writer = RwHolder{"t2", "web-3/13/rebuild", std::chrono::milliseconds(300)};
+  const auto catalog = job::Catalog::parse(R"(classes:
+  - {name: psp, key: "psp:{id}", owner: o, protects: p, consequence: low, ttl: 30s, renewal: false,
+     hard_timeout: none, fencing: false, on_redis_down: fail-closed, fallback: f, permits: 5}
+  - {name: report, key: "book:{id}", owner: o, protects: p, consequence: low, ttl: 30s, renewal: false,
+     hard_timeout: none, fencing: false, on_redis_down: fail-closed, fallback: f, mode: shared})", "test.yaml");
+  const auto j = json::parse(primitives_json({s}, {rw, w}, &catalog, false));
+  EXPECT_EQ(j.at("server_time_ms"), 1700000000000);
+  EXPECT_EQ(j.at("truncated"), false);
+  const auto& sj = j.at("semaphores").at(0);
+  EXPECT_EQ(sj.at("class"), "psp");
+  EXPECT_EQ(sj.at("stored_permits"), 2);
+  EXPECT_EQ(sj.at("declared_permits"), 5);
+  EXPECT_EQ(sj.at("holders").size(), 2u);
+  EXPECT_EQ(sj.at("holders").at(1).at("slot"), 1);
+  EXPECT_EQ(sj.at("holders").at(1).at("holder"), "web-2/11/pay");
+  EXPECT_EQ(sj.at("waiters"), 3);
+  EXPECT_EQ(sj.at("fence"), 7);
+  const auto& r1 = j.at("rwlocks").at(0);
+  EXPECT_EQ(r1.at("class"), "report");
+  EXPECT_TRUE(r1.at("writer").is_null());
+  EXPECT_EQ(r1.at("readers").at(0).at("holder"), "web-1/12/report");
+  EXPECT_EQ(r1.at("writer_waiting_ms"), 2500);
+  EXPECT_EQ(j.at("rwlocks").at(1).at("writer").at("holder"), "web-3/13/rebuild");
+  EXPECT_TRUE(j.at("rwlocks").at(1).at("writer_waiting_ms").is_null());
+  const auto none = json::parse(primitives_json({}, {}, nullptr, true));
+  EXPECT_EQ(none.at("semaphores"), json::array());
+  EXPECT_TRUE(none.at("server_time_ms").is_null());
+  EXPECT_EQ(none.at("truncated"), true);
+}
+
+TEST(DashboardJson, LockStateSaysWhyAndUntilWhenAQuarantineRefusesGrantsAndWhichPrimaryStepped) {
+  LockStateServer q{.address = "10.0.0.1:6379", .record = true, .epoch = "e1", .server_time_ms = 1700000000000,
+                    .quarantine_until_ms = 1700000045000, .reason = "no lock-state record: restarted",
+                    .maxmemory_policy = "noeviction"};
+  LockStateServer stepped{.address = "10.0.0.2:6379", .record = true, .server_time_ms = 1700000000000,
+                          .quarantine_until_ms = 1699999990000, .reason = "the server clock stepped forward",
+                          .clock_steps = 2, .last_step_ms = 3001, .last_step_at_ms = 1699999930000,
+                          .maxmemory_policy = "allkeys-lru", .maxmemory = 1 << 20, .evicted_keys = 12};
+  const auto j = json::parse(lock_state_json({q, stepped}, true));
+  EXPECT_EQ(j.at("cluster"), true);
+  const auto& a = j.at("servers").at(0);
+  EXPECT_EQ(a.at("address"), "10.0.0.1:6379");
+  EXPECT_EQ(a.at("quarantined"), true);
+  EXPECT_EQ(a.at("quarantine_until_ms"), 1700000045000);
+  EXPECT_EQ(a.at("quarantine_left_ms"), 45000);
+  EXPECT_EQ(a.at("reason"), "no lock-state record: restarted");
+  EXPECT_EQ(a.at("clock_steps"), 0);
+  EXPECT_TRUE(a.at("last_step_ms").is_null());
+  EXPECT_EQ(a.at("evicting"), false);
+  // A quarantine that is over is not shown, nor its reason.
+  const auto& b = j.at("servers").at(1);
+  EXPECT_EQ(b.at("quarantined"), false);
+  EXPECT_TRUE(b.at("quarantine_until_ms").is_null());
+  EXPECT_TRUE(b.at("reason").is_null());
+  EXPECT_EQ(b.at("clock_steps"), 2);
+  EXPECT_EQ(b.at("last_step_ms"), 3001);
+  EXPECT_EQ(b.at("last_step_at_ms"), 1699999930000);
+  EXPECT_EQ(b.at("maxmemory_policy"), "allkeys-lru");
+  EXPECT_EQ(b.at("evicting"), true);
+  EXPECT_EQ(b.at("evicted_keys"), 12);
+}
+
 TEST(DashboardJson, IncidentsMergeAuditAndRecordsNewestFirstBesideTheFleetsCounts) {
   FleetSeries hour;
   hour.minutes = {1000, 1001};
@@ -169,4 +249,4 @@ TEST(DashboardJson, ClassesSumTheWindowAndKeepAPointPerMinute) {
 }
 
 }  // namespace
-}  // namespace jobguard::observe::dash
+}  // namespace jobguard::ops::dash

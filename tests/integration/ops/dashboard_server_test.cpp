@@ -12,8 +12,8 @@
 
 #include "http_client.hpp"
 #include "jobguard/lock.hpp"
-#include "jobguard/observe/dashboard.hpp"
-#include "jobguard/observe/metrics_server.hpp"
+#include "jobguard/ops/dashboard.hpp"
+#include "jobguard/ops/metrics_server.hpp"
 #include "support/redis_fixture.hpp"
 
 namespace jobguard::test {
@@ -28,16 +28,16 @@ TEST_F(DashboardServer, ConcurrentClientsAreAnsweredOrToldBusyAndShutdownIsClean
   auto locks = LockService::create(*client);
   auto held = locks->acquire("invoice:1", {.ttl = 30s});
   ASSERT_TRUE(held);
-  observe::DashboardOptions o;
+  ops::DashboardOptions o;
   o.admin_token = "0123456789abcdef0123";
   o.max_queue = 4;  // small, so some requests meet a full queue
   o.cache = 0ms;
-  auto dashboard = std::make_unique<observe::Dashboard>(*client, o);
-  observe::MetricsServerOptions so;
+  auto dashboard = std::make_unique<ops::Dashboard>(*client, o);
+  ops::MetricsServerOptions so;
   so.listen = {"127.0.0.1", 0};
   so.routes = dashboard->routes();
   observe::Registry registry;
-  observe::MetricsServer http(registry, so);
+  ops::MetricsServer http(registry, so);
   http.start();
 
   std::atomic<int> ok{0}, busy{0}, refused{0}, other{0};

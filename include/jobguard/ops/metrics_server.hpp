@@ -24,10 +24,10 @@
 #include <string_view>
 #include <vector>
 
-#include "jobguard/observe/http.hpp"
+#include "jobguard/ops/http.hpp"
 #include "jobguard/observe/metrics.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 
 struct ListenAddress {
   std::string host{};  // "127.0.0.1", "0.0.0.0", "::1" (no brackets), "localhost"
@@ -59,7 +59,7 @@ struct MetricsServerOptions {
   // closed. Default 64; must be positive.
   std::size_t max_connections = 64;
   // More families appended to the /metrics body (serve: the fleet's
-  // numbers, observe/fleet.hpp). Called on the server thread per scrape: it
+  // numbers, ops/fleet_exporter.hpp). Called on the server thread per scrape: it
   // must return quickly. Default: none.
   std::function<std::string()> extra_metrics{};
   // /healthz: called on the server thread for each request, must not block;
@@ -69,7 +69,7 @@ struct MetricsServerOptions {
   // How long a request waits for an asynchronous answer (the health check)
   // before it gets a 503. Default 2 s; must be positive.
   std::chrono::milliseconds handler_timeout{2000};
-  // More routes (serve: the dashboard and its /api, observe/dashboard.hpp).
+  // More routes (serve: the dashboard and its /api, ops/dashboard.hpp).
   // Handlers run on the server thread and must not block: one that needs
   // Redis answers later, from its own thread. A path that is also built in
   // (/metrics, /metrics.json, /healthz) keeps the built-in one. Default: none.
@@ -78,7 +78,7 @@ struct MetricsServerOptions {
 
 class MetricsServer {
  public:
-  MetricsServer(Registry& registry, MetricsServerOptions options);
+  MetricsServer(observe::Registry& registry, MetricsServerOptions options);
   ~MetricsServer();  // stop()
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -102,4 +102,4 @@ class MetricsServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

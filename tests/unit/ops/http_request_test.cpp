@@ -5,9 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "observe/http_request.hpp"
+#include "ops/http_request.hpp"
 
-using namespace jobguard::observe::http;
+using namespace jobguard::ops::http;
 using State = RequestParser::State;
 
 namespace {

@@ -8,7 +8,11 @@
 #include "jobguard/text.hpp"
 #include "dashboard_internal.hpp"
 
-namespace jobguard::observe::dash {
+namespace jobguard::ops::dash {
+
+using observe::plan_window;
+using observe::WindowPlan;
+
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -224,6 +228,29 @@ Json dead_object(const job::DeadLetter& d) {
 }
 }  // namespace
 
+std::string lock_state_json(const std::vector<LockStateServer>& servers, bool cluster) {
+  auto at = [](std::int64_t ms) { return ms > 0 ? Json(ms) : Json(); };
+  Json out{{"cluster", cluster}, {"servers", Json::array()}};
+  for (const auto& s : servers) {
+    const bool q = s.quarantined();
+    out["servers"].push_back({{"address", s.address},
+                              {"server_time_ms", s.server_time_ms},
+                              {"record", s.record},
+                              {"quarantined", q},
+                              {"quarantine_until_ms", q ? Json(s.quarantine_until_ms) : Json()},
+                              {"quarantine_left_ms", q ? Json(s.quarantine_until_ms - s.server_time_ms) : Json()},
+                              {"reason", q ? Json(shown(s.reason)) : Json()},
+                              {"clock_steps", s.clock_steps},
+                              {"last_step_ms", s.clock_steps > 0 ? Json(s.last_step_ms) : Json()},
+                              {"last_step_at_ms", s.clock_steps > 0 ? at(s.last_step_at_ms) : Json()},
+                              {"maxmemory_policy", s.maxmemory_policy},
+                              {"maxmemory", s.maxmemory},
+                              {"evicting", s.evicting()},
+                              {"evicted_keys", s.evicted_keys}});
+  }
+  return dump(out);
+}
+
 std::string jobs_json(const std::vector<StreamView>& streams) {
   Json out{{"streams", Json::array()}};
   for (const auto& s : streams) {
@@ -247,4 +274,4 @@ std::string dead_letter_json(const std::string& stream, const job::DeadLetter& d
   return dump(j);
 }
 
-}  // namespace jobguard::observe::dash
+}  // namespace jobguard::ops::dash

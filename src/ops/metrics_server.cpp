@@ -1,7 +1,7 @@
 // The I/O shell of the metrics server: sockets, deadlines and eviction on
 // its own Asio loop. Requests are parsed, routed and serialized by the
 // sans-IO code in http_request.cpp.
-#include "jobguard/observe/metrics_server.hpp"
+#include "jobguard/ops/metrics_server.hpp"
 
 #include <fmt/format.h>
 
@@ -24,13 +24,17 @@
 #include "jobguard/observe/exposition.hpp"
 #include "jobguard/observe/json.hpp"
 #include "jobguard/text.hpp"
-#include "observe/http_request.hpp"
+#include "ops/http_request.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using error_code = boost::system::error_code;
+using observe::kPrometheusContentType;
+using observe::Registry;
+using observe::to_json;
+using observe::to_prometheus;
 
 namespace {
 
@@ -449,4 +453,4 @@ std::string MetricsServer::base_url() const {
                                           : fmt::format("http://{}:{}", h, port());
 }
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace jobguard::observe::http {
+namespace jobguard::ops::http {
 
 struct Request {
   std::string method;  // "GET", "HEAD", "POST", ... as sent (tokens are case-sensitive)
@@ -51,4 +51,4 @@ struct Route {
   Handler handler;
 };
 
-}  // namespace jobguard::observe::http
+}  // namespace jobguard::ops::http

@@ -1,5 +1,5 @@
 // The dashboard's pure half: parameters in, JSON out; the token check. No
-// I/O, so tests/unit/observe/dashboard_test.cpp drives it without a server.
+// I/O, so tests/unit/ops/dashboard_test.cpp drives it without a server.
 #pragma once
 
 #include <cstddef>
@@ -14,13 +14,21 @@
 #include "jobguard/admin.hpp"
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/observe/fleet.hpp"
-#include "jobguard/observe/http.hpp"
+#include "jobguard/ops/doctor.hpp"
+#include "jobguard/ops/http.hpp"
+#include "jobguard/rwlock.hpp"
+#include "jobguard/semaphore.hpp"
 
 namespace jobguard::job {
 class Catalog;
 }
 
-namespace jobguard::observe::dash {
+namespace jobguard::ops::dash {
+
+using observe::FleetClassStats;
+using observe::FleetCounts;
+using observe::FleetSeries;
+using observe::WallClock;
 
 // A request the API refuses: `status` (400, 401, 403, 404, 409) with a
 // one-line message, answered as {"error": message}.
@@ -67,6 +75,19 @@ using CatalogPtr = const job::Catalog*;
 // server_time_ms, truncated and the catalog's classes with their TTLs.
 std::string locks_json(const admin::ListResult& res, CatalogPtr catalog, bool truncated);
 
+// /api/primitives: the semaphores with live permits (holders by slot, the
+// stored count, the catalog's declared permits) and the read-write locks
+// with a live holder (the writer, the readers, the waiting writers and how
+// long the first has waited), each with its catalog class.
+std::string primitives_json(const std::vector<SemaphoreInfo>& sems, const std::vector<RwLockInfo>& rws,
+                            CatalogPtr catalog, bool truncated);
+
+// /api/lock-state: per server (each primary of a cluster) whether grants are
+// quarantined (until when, why), the clock steps lock clients found (how
+// many, the last one's size and time) and what it may evict: what `doctor`
+// and /metrics read (read_lock_state).
+std::string lock_state_json(const std::vector<LockStateServer>& servers, bool cluster);
+
 // /api/classes: the four numbers over the last `window` minutes and per-minute
 // series over the hour, per class; the declared TTL when a catalog has the class.
 std::string classes_json(const FleetSeries& hour, WallClock::time_point now, std::chrono::minutes window,
@@ -92,4 +113,4 @@ struct StreamView {
 std::string jobs_json(const std::vector<StreamView>& streams);
 std::string dead_letter_json(const std::string& stream, const job::DeadLetter& d);
 
-}  // namespace jobguard::observe::dash
+}  // namespace jobguard::ops::dash

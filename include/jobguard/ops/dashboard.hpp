@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "jobguard/observe/http.hpp"
+#include "jobguard/ops/http.hpp"
 
 namespace jobguard::redis {
 class Client;
@@ -33,7 +33,7 @@ namespace jobguard::job {
 class Catalog;
 }
 
-namespace jobguard::observe {
+namespace jobguard::ops {
 
 struct DashboardOptions {
   // KeyBuilder's prefix of the fleet's locks. Default "jobguard".
@@ -79,4 +79,4 @@ class Dashboard {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

@@ -1,7 +1,7 @@
 // The dashboard's I/O half: a worker thread that does the Redis work of each
 // API request and answers it, and the routes. What the answers contain is
 // built by the pure code in dashboard_json.cpp.
-#include "jobguard/observe/dashboard.hpp"
+#include "jobguard/ops/dashboard.hpp"
 
 #include <fmt/format.h>
 
@@ -19,6 +19,8 @@
 #include "jobguard/job/stream_source.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
+#include "jobguard/rwlock.hpp"
+#include "jobguard/semaphore.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/text.hpp"
 #include "dashboard_internal.hpp"
@@ -30,13 +32,23 @@ extern const std::string_view app;
 extern const std::string_view style;
 }  // namespace dashboard_assets
 
-namespace observe {
+namespace ops {
+
+using observe::FleetReader;
+using observe::FleetReaderOptions;
+using observe::parse_window;
+using observe::WallClock;
+
 namespace {
 
 using dash::ApiError;
 using dash::json_error;
 using dash::json_response;
 using dash::Params;
+
+// Semaphores and read-write locks one /api/primitives answer lists at most
+// (each): every one costs an inspect script, unlike a lock of /api/locks.
+constexpr std::size_t kMaxPrimitives = 1000;
 
 http::Response asset(std::string_view body, const char* type) {
   http::Response r;
@@ -130,6 +142,14 @@ struct Dashboard::Impl {
     return json_response(200, j.dump());
   }
 
+  // The resources of catalog class `cls`, by its key pattern.
+  std::function<bool(std::string_view)> class_filter(const std::string& cls) const {
+    if (!opt.catalog) throw ApiError(400, "class filter needs a catalog: start serve with --catalog FILE");
+    const auto* c = opt.catalog->find(cls);
+    if (!c) throw ApiError(400, fmt::format("no lock class \"{}\" in {}", escape_text(cls, 128), opt.catalog->source()));
+    return [pattern = c->lock_class.key_pattern](std::string_view r) { return job::key_pattern_matches(pattern, r); };
+  }
+
   http::Response list(const http::Request& req) {
     const Params p(req.query, {"prefix", "class", "limit"});
     const std::string prefix = p.get("prefix"), cls = p.get("class");
@@ -137,25 +157,26 @@ struct Dashboard::Impl {
     admin::ListOptions lo;
     lo.prefix = prefix;
     lo.limit = limit + 1;  // one more says "truncated"
-    if (!cls.empty()) {
-      if (!opt.catalog) throw ApiError(400, "class filter needs a catalog: start serve with --catalog FILE");
-      const auto* c = opt.catalog->find(cls);
-      if (!c) throw ApiError(400, fmt::format("no lock class \"{}\" in {}", escape_text(cls, 128), opt.catalog->source()));
-      lo.filter = [pattern = c->lock_class.key_pattern](std::string_view r) {
-        return job::key_pattern_matches(pattern, r);
-      };
-    }
-    const std::string cache_key = fmt::format("{}\n{}\n{}", prefix, cls, limit);
+    if (!cls.empty()) lo.filter = class_filter(cls);
+    return cached(fmt::format("locks\n{}\n{}\n{}", prefix, cls, limit), [&] {
+      auto res = admin::list_locks(*locks, lo);
+      const bool truncated = res.locks.size() > limit;
+      if (truncated) res.locks.resize(limit);
+      return dash::locks_json(res, opt.catalog.get(), truncated);
+    });
+  }
+
+  // An answer reused for opt.cache for the same query: ten open pages cost
+  // Redis one listing a second, not ten.
+  template <class Make>
+  http::Response cached(const std::string& key, Make make) {
     const auto now = std::chrono::steady_clock::now();
-    if (auto it = cache.find(cache_key); it != cache.end() && now - it->second.first < opt.cache)
+    if (auto it = cache.find(key); it != cache.end() && now - it->second.first < opt.cache)
       return json_response(200, it->second.second);
-    auto res = admin::list_locks(*locks, lo);
-    const bool truncated = res.locks.size() > limit;
-    if (truncated) res.locks.resize(limit);
-    std::string body = dash::locks_json(res, opt.catalog.get(), truncated);
+    std::string body = make();
     if (opt.cache.count() > 0) {
       if (cache.size() > 16) cache.clear();
-      cache[cache_key] = {now, body};
+      cache[key] = {now, body};
     }
     return json_response(200, std::move(body));
   }
@@ -183,6 +204,28 @@ struct Dashboard::Impl {
         j["declared_ttl_ms"] = c->lock_class.ttl.count();
       }
     return json_response(200, j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+  }
+
+  http::Response primitives(const http::Request& req) {
+    const Params p(req.query, {"prefix", "class", "limit"});
+    admin::ListOptions lo;
+    lo.prefix = p.get("prefix");
+    const std::size_t limit = p.count("limit", kMaxPrimitives, 1, kMaxPrimitives);
+    lo.limit = limit + 1;  // one more says "truncated"
+    if (const std::string cls = p.get("class"); !cls.empty()) lo.filter = class_filter(cls);
+    return cached(fmt::format("primitives\n{}\n{}\n{}", lo.prefix, p.get("class"), limit), [&] {
+      auto sems = admin::list_semaphores(*locks, lo);
+      auto rws = admin::list_rwlocks(*locks, lo);
+      const bool truncated = sems.size() > limit || rws.size() > limit;
+      if (sems.size() > limit) sems.resize(limit);
+      if (rws.size() > limit) rws.resize(limit);
+      return dash::primitives_json(sems, rws, opt.catalog.get(), truncated);
+    });
+  }
+
+  http::Response lock_state(const http::Request& req) {
+    const Params p(req.query, {});
+    return cached("lock-state", [&] { return dash::lock_state_json(read_lock_state(client), client.options().cluster); });
   }
 
   http::Response classes(const http::Request& req) {
@@ -340,6 +383,8 @@ std::vector<http::Route> Dashboard::routes() {
                  }});
   api("/api/locks", "GET", &Impl::list);
   api("/api/lock", "GET", &Impl::one_lock);
+  api("/api/primitives", "GET", &Impl::primitives);
+  api("/api/lock-state", "GET", &Impl::lock_state);
   api("/api/classes", "GET", &Impl::classes);
   api("/api/incidents", "GET", &Impl::incidents);
   api("/api/jobs", "GET", &Impl::jobs);
@@ -349,5 +394,5 @@ std::vector<http::Route> Dashboard::routes() {
   return out;
 }
 
-}  // namespace observe
+}  // namespace ops
 }  // namespace jobguard

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "integration/observe/exposition_parser.hpp"
-#include "integration/observe/http_client.hpp"
+#include "integration/ops/exposition_parser.hpp"
+#include "integration/ops/http_client.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"

@@ -1,4 +1,4 @@
-#include "observe/http_request.hpp"
+#include "ops/http_request.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 
 #include "jobguard/text.hpp"
 
-namespace jobguard::observe::http {
+namespace jobguard::ops::http {
 namespace {
 
 bool is_tchar(unsigned char c) {
@@ -318,4 +318,4 @@ std::optional<std::vector<std::pair<std::string, std::string>>> parse_form(std::
   return out;
 }
 
-}  // namespace jobguard::observe::http
+}  // namespace jobguard::ops::http

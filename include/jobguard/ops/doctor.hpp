@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,7 +20,11 @@
 
 #include "jobguard/redis/client.hpp"
 
-namespace jobguard::observe {
+namespace jobguard::job {
+class Catalog;
+}
+
+namespace jobguard::ops {
 
 enum class CheckStatus { ok, warn, fail };
 const char* to_string(CheckStatus s) noexcept;  // "OK" | "WARN" | "FAIL"
@@ -58,6 +63,16 @@ struct DoctorOptions {
   std::int64_t shared_min_keys = 1000;
   // This host's wall clock. Default empty = std::chrono::system_clock::now.
   std::function<std::chrono::system_clock::time_point()> now;
+  // The semaphores and rwlocks checks: a writer of a read-write lock that
+  // has waited this long behind its resource's holders is WARN. Default 60 s.
+  std::chrono::milliseconds writer_wait_warn{60000};
+  // Most semaphores and read-write locks (each) those checks inspect; the
+  // rest are counted as not looked at. Default 1000.
+  std::size_t primitives_limit = 1000;
+  // The lock catalog: a semaphore or read-write lock whose resource belongs
+  // to a class is judged against what the class declares (its permits, its
+  // mode). Default none.
+  std::shared_ptr<const job::Catalog> catalog{};
 };
 
 // Connects nowhere itself: `client` must point at the lock Redis. Returns
@@ -72,6 +87,50 @@ std::vector<CheckResult> check_redis(redis::Client& client, const DoctorOptions&
 // opts.now at the round trip's midpoint. Both throw Error when Redis fails.
 CheckResult check_latency(redis::Client& client, const DoctorOptions& opts = {});
 CheckResult check_clock(redis::Client& client, const DoctorOptions& opts = {});
+
+// Whether the server keeps the lock state, as its lock clients wrote it in
+// the lock-state record (docs/lock-safety.md): for each server (the one, or
+// every primary of a Redis Cluster) a quarantine in force (until when, why),
+// the forward steps of its clock the clients found, and what it may evict.
+// Read only: looking never starts a quarantine (the lock clients' check
+// does). The clock_steps check, the watcher's lock-state gauges and the
+// dashboard's /api/lock-state are made from it.
+struct LockStateServer {
+  std::string address;                   // "host:port"
+  bool record = false;                   // the lock-state record exists
+  std::string epoch;                     // its epoch id
+  std::int64_t server_time_ms = 0;       // the server's clock when read
+  std::int64_t quarantine_until_ms = 0;  // grants refused until then (server time); 0: never quarantined
+  std::string reason;                    // the record's last reason (of a quarantine, or "trusted as new")
+  std::int64_t clock_steps = 0;          // forward steps of its clock found
+  std::int64_t last_step_ms = 0;         // the last one's size (0: none)
+  std::int64_t last_step_at_ms = 0;      // and when (server time)
+  std::string maxmemory_policy;          // INFO maxmemory_policy
+  std::int64_t maxmemory = 0;            // bytes; 0: no limit
+  std::int64_t evicted_keys = 0;         // INFO evicted_keys
+  bool quarantined() const noexcept { return quarantine_until_ms > server_time_ms; }
+  // maxmemory set with a policy that evicts keys (the eviction check's FAIL).
+  bool evicting() const noexcept { return maxmemory > 0 && maxmemory_policy != "noeviction"; }
+};
+// Throws Error when a server cannot be read.
+std::vector<LockStateServer> read_lock_state(redis::Client& client);
+// The clock_steps check of what read_lock_state found: WARN once any server's
+// clock was found stepped, naming the latest step (and its primary on a
+// cluster).
+CheckResult check_clock_steps(const std::vector<LockStateServer>& servers, bool cluster);
+
+// The live semaphores of the prefix (SCAN, then one inspect each): WARN for
+// one with more holders than its stored permit count (lowered under them:
+// no permit is granted until they are fewer) or than its catalog class
+// declares, one whose stored count differs from its class's permits, one
+// whose class is not a semaphore, and one whose resource also has a live
+// plain lock or read-write lock holder (they do not exclude each other).
+CheckResult check_semaphores(redis::Client& client, const DoctorOptions& opts = {});
+// The live read-write locks of the prefix: WARN for one whose longest
+// waiting writer has waited writer_wait_warn or more (readers holding long:
+// new readers queue behind that writer), one whose class declares no mode,
+// and one whose resource also has a live plain lock or semaphore permit.
+CheckResult check_rwlocks(redis::Client& client, const DoctorOptions& opts = {});
 
 // Connection, primary role, the jobguard tables (`jobguard pg migrate`),
 // advisory locks, latency and clock offset of a PostgreSQL server.
@@ -114,8 +173,8 @@ RedisFacts watch_redis(redis::Client& client, const DoctorOptions& opts = {});
 std::string redis_facts_to_prometheus(const RedisFacts& facts, std::uint64_t lock_state_losses);
 
 struct RedisWatcherOptions {
-  // Time between two watches. Default 15 s: one INFO, one CONFIG GET, six
-  // PINGs, two TIMEs and two HMGETs each (docs/alerts.md).
+  // Time between two watches. Default 15 s: on one server two INFOs, one
+  // CONFIG GET, six PINGs, two TIMEs and one HMGET each (docs/alerts.md).
   std::chrono::milliseconds refresh{15000};
   // How long text() waits for the first watch after start. Default 1 s.
   std::chrono::milliseconds first_read_wait{1000};
@@ -146,4 +205,4 @@ class RedisWatcher {
 // The worst status among `results` (ok for none).
 CheckStatus worst(const std::vector<CheckResult>& results) noexcept;
 
-}  // namespace jobguard::observe
+}  // namespace jobguard::ops

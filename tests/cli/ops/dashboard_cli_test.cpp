@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "integration/observe/http_client.hpp"
+#include "integration/ops/http_client.hpp"
 #include "jobguard/admin.hpp"
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"

@@ -1,0 +1,42 @@
+// What the doctor's files share (doctor.cpp, doctor_lock_state.cpp): the
+// findings' constructors and INFO's text.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "jobguard/ops/doctor.hpp"
+
+namespace jobguard::ops::checks {
+
+using Info = std::map<std::string, std::string>;
+
+inline CheckResult ok(std::string name, std::string detail) {
+  return {std::move(name), CheckStatus::ok, std::move(detail), {}};
+}
+inline CheckResult warn(std::string name, std::string detail, std::string advice) {
+  return {std::move(name), CheckStatus::warn, std::move(detail), std::move(advice)};
+}
+inline CheckResult fail(std::string name, std::string detail, std::string advice) {
+  return {std::move(name), CheckStatus::fail, std::move(detail), std::move(advice)};
+}
+
+// INFO's "field:value" lines (sections and comments skipped).
+Info parse_info(const std::string& text);
+
+inline std::string get(const Info& i, const std::string& k) {
+  auto it = i.find(k);
+  return it == i.end() ? std::string() : it->second;
+}
+
+inline std::int64_t to_i64(std::string_view s, std::int64_t dflt = 0) {
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() ? v : dflt;
+}
+
+}  // namespace jobguard::ops::checks
