@@ -11,6 +11,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/observe/doctor.hpp"
 #include "jobguard/redis/client.hpp"
+#include "postgres.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -26,7 +27,8 @@ everything else only reads.
 
 Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
 when the connection check fails, its error's status below (69 Redis unreachable,
-78 password refused, 77 PING or INFO not allowed).)";
+78 password refused, 77 PING or INFO not allowed); 78 before any check when
+--postgres (or $JOBGUARD_POSTGRES_URL) is given to a Redis-only build.)";
 
 namespace doctor_exit {
 inline constexpr int warnings = 1;
@@ -39,6 +41,7 @@ struct DoctorArgs {
 };
 
 int run_doctor(const Globals& g, const DoctorArgs& a) {
+  if (!g.postgres_url.empty()) pg::require("--postgres (or $JOBGUARD_POSTGRES_URL)");
   auto conn = redis::parse_url(g.redis_url);
   if (conn.client_name.empty()) conn.client_name = "jobguard-doctor";
   observe::DoctorOptions o;
