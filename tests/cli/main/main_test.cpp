@@ -95,6 +95,10 @@ TEST(CliMainWithoutPostgres, EveryUseOfPostgresIsRefusedByNameWith78) {
       {{"--postgres", pg, "demo"}, {}, "jobguard demo: --postgres (or $JOBGUARD_POSTGRES_URL) needs PostgreSQL"},
       {{"demo"}, {{"JOBGUARD_POSTGRES_URL", pg}},
        "jobguard demo: --postgres (or $JOBGUARD_POSTGRES_URL) needs PostgreSQL"},
+      {{"jobs", "work", "--stream", "s", "--class", "ledger-post", "--catalog",
+        std::string(JOBGUARD_SOURCE_DIR) + "/docs/catalog.example.yaml", "--", "true"},
+       {},
+       "jobguard jobs work: class 'ledger-post' (consequence high) needs PostgreSQL"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> args = {"--redis", dead_redis};
