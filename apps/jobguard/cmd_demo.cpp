@@ -2,7 +2,7 @@
 // redis-server unless a Redis URL is given (--redis or $JOBGUARD_REDIS_URL),
 // with the guarded run's completion records in an embedded PostgreSQL unless
 // a PostgreSQL URL is given likewise (or the in-process stand-in, when asked
-// for with --completions memory).
+// for with --completions memory, and always in a Redis-only build).
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,6 +21,7 @@
 #include "jobguard/testing/embedded_postgres.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
 #include "billing/demo.hpp"
+#include "postgres.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -29,7 +30,8 @@ struct DemoArgs {
   int workers = 8;
   int subscriptions = 120000;
   double scale = 0.01;
-  std::string completions = "postgres";  // postgres | memory
+  // postgres | memory; a Redis-only build has only the stand-in.
+  std::string completions = pg::built_in() ? "postgres" : "memory";
 };
 
 // The embedded servers must not outlive the demo, nor leave their temporary
@@ -147,13 +149,14 @@ void print_table(const job::BillingDemoResult& res, const std::string& store) {
 
 // The report --json prints (`postgres`: none, embedded or given).
 nlohmann::json report_json(const job::BillingDemoResult& res, const job::BillingDemoOptions& o, bool embedded_pg) {
+  const bool memory = o.completions == nullptr;
   nlohmann::json j{{"subscriptions", res.subscriptions},
                    {"workers", res.workers},
                    {"chunk", res.chunk},
                    {"scale", res.scale},
                    {"redis_restarted", res.redis_restarted},
-                   {"completion_store", o.postgres_url.empty() ? "memory" : "postgres"},
-                   {"postgres", o.postgres_url.empty() ? "none" : embedded_pg ? "embedded" : "given"},
+                   {"completion_store", memory ? "memory" : "postgres"},
+                   {"postgres", memory ? "none" : embedded_pg ? "embedded" : "given"},
                    {"guarded", run_json(res.guarded)},
                    {"naive", run_json(res.naive)},
                    {"metrics",
@@ -167,10 +170,17 @@ nlohmann::json report_json(const job::BillingDemoResult& res, const job::Billing
 }
 
 int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
-  // --completions memory (only ever given explicitly) wins over
-  // $JOBGUARD_POSTGRES_URL, not over an explicit --postgres.
-  if (root->get_option("--postgres")->count() > 0 && a.completions == "memory")
+  // An explicit --completions memory wins over $JOBGUARD_POSTGRES_URL, not
+  // over an explicit --postgres.
+  const bool memory_asked =
+      a.completions == "memory" && root->get_subcommand("demo")->get_option("--completions")->count() > 0;
+  if (root->get_option("--postgres")->count() > 0 && memory_asked)
     throw Error(errc::invalid_argument, "--completions memory and --postgres exclude each other");
+  // A Redis-only build's default is the stand-in: a PostgreSQL the user names
+  // is refused, never quietly replaced by it.
+  if (g.postgres_given && !memory_asked)
+    pg::require("--postgres (or $JOBGUARD_POSTGRES_URL)");
+  if (a.completions == "postgres") pg::require("--completions postgres");
   const bool postgres_given = g.postgres_given && a.completions == "postgres";
   job::BillingDemoOptions o;
   o.workers = a.workers;
@@ -181,13 +191,16 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
   // The durable completion records of the guarded run: the given PostgreSQL,
   // else a private one, unless the stand-in was asked for.
   std::optional<EmbeddedPostgres> embedded_pg;
+  std::unique_ptr<guard::CompletionStore> completions;
   std::optional<EmbeddedRedis> embedded;
   struct Forget {
     InterruptCleanup& c;
     ~Forget() { c.forget(); }
   } forget{cleanup};  // declared after the servers: runs before their destructors
+  guard::PgOptions po;
+  po.application_name = "jobguard-demo";
   if (postgres_given) {
-    o.postgres_url = g.postgres_url;
+    po.url = g.postgres_url;
   } else if (a.completions == "postgres") {
     embedded_pg.emplace();
     cleanup.watch(&*embedded_pg, nullptr);
@@ -197,7 +210,11 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
                    .c_str(),
                stderr);
     embedded_pg->start();
-    o.postgres_url = embedded_pg->url();
+    po.url = embedded_pg->url();
+  }
+  if (!po.url.empty()) {
+    completions = pg::completion_store(po, true);
+    o.completions = completions.get();
   }
   if (g.redis_given) {
     o.redis_url = g.redis_url;
@@ -252,8 +269,9 @@ void add(CLI::App& root, Globals& g, Commands& out) {
       "$JOBGUARD_POSTGRES_URL; migrated first), else a\n"
       "private server the demo starts (initdb in a temporary directory, PostgreSQL 15 from\n"
       "/usr/lib/postgresql/15/bin, a free loopback port) and stops and removes when it ends or is interrupted.\n"
+      "A Redis-only build (no PostgreSQL) keeps them in the in-process stand-in (--completions memory).\n"
       "Exit status: 0 the scenario ran (its report says how each side did); 130/143 interrupted by\n"
-      "SIGINT/SIGTERM (the private servers stopped and removed)."));
+      "SIGINT/SIGTERM (the private servers stopped and removed); 78 a PostgreSQL asked of a Redis-only build."));
   CLI::App* rootp = &root;
   out.emplace_back(sub, [rootp, &g, args] { return demo(rootp, g, *args); });
 }

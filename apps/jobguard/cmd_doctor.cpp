@@ -12,6 +12,7 @@
 #include "jobguard/job/catalog.hpp"
 #include "jobguard/ops/doctor.hpp"
 #include "jobguard/redis/client.hpp"
+#include "postgres.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -30,7 +31,8 @@ them; with --catalog FILE also one that breaks its class's permits or mode.
 
 Exit status: 0 every check OK; 1 warnings, no failure; 2 at least one FAIL;
 when the connection check fails, its error's status below (69 Redis unreachable,
-78 password refused, 77 PING or INFO not allowed).)";
+78 password refused, 77 PING or INFO not allowed); 78 before any check when
+--postgres (or $JOBGUARD_POSTGRES_URL) is given to a Redis-only build.)";
 
 namespace doctor_exit {
 inline constexpr int warnings = 1;
@@ -44,6 +46,7 @@ struct DoctorArgs {
 };
 
 int run_doctor(const Globals& g, const DoctorArgs& a) {
+  if (!g.postgres_url.empty()) pg::require("--postgres (or $JOBGUARD_POSTGRES_URL)");
   auto conn = redis::parse_url(g.redis_url);
   if (conn.client_name.empty()) conn.client_name = "jobguard-doctor";
   ops::DoctorOptions o;

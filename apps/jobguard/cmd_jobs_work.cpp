@@ -33,6 +33,7 @@
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "jobguard/redis/client.hpp"
+#include "postgres.hpp"
 
 namespace asio = boost::asio;
 using std::chrono::milliseconds;
@@ -96,10 +97,12 @@ job::LockClass lock_class(const WorkArgs& a) {
     cls.owner = "jobguard jobs work";
     cls.protects = fmt::format("CMD `{}` for each job of stream {}", a.cmd.front(), a.stream);
   }
-  if (cls.consequence == job::Consequence::high)
+  if (cls.consequence == job::Consequence::high) {
+    pg::require(fmt::format("class '{}' (consequence high)", cls.name));
     throw Error(errc::invalid_argument,
                 fmt::format("class '{}' is high: it needs a PostgreSQL effect (use the library's GuardedRunner)",
                             cls.name));
+  }
   cls.validate();
   return cls;
 }

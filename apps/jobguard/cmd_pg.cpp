@@ -10,7 +10,7 @@
 #include "cli.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
-#include "jobguard/guard/postgres.hpp"
+#include "postgres.hpp"
 
 namespace jobguard::cli {
 namespace {
@@ -21,6 +21,7 @@ struct PgArgs {
 };
 
 int run_migrate(const Globals& g, const PgArgs& a) {
+  pg::require("this command");
   if (g.postgres_url.empty())
     throw Error(errc::invalid_url, "no PostgreSQL URL: pass --postgres URL or set $JOBGUARD_POSTGRES_URL");
   guard::PgOptions o;
@@ -30,7 +31,7 @@ int run_migrate(const Globals& g, const PgArgs& a) {
   o.statement_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
       parse_duration(a.statement_timeout, "--statement-timeout"));
   if (o.statement_timeout.count() <= 0) throw Error(errc::invalid_argument, "--statement-timeout must be > 0");
-  const auto r = guard::pg_migrate(o);
+  const auto r = pg::migrate(o);
   if (g.json) {
     nlohmann::json j{{"from_version", r.from_version}, {"to_version", r.to_version}, {"created", r.created}};
     std::cout << j.dump() << "\n";
@@ -47,12 +48,15 @@ int run_migrate(const Globals& g, const PgArgs& a) {
 
 void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto args = std::make_shared<PgArgs>();
-  auto* pg = root.add_subcommand("pg", "PostgreSQL guardrails: schema management");
-  pg->require_subcommand(1);
-  pg->footer(exit_status_help("Exit status: 0 ok."));
-  auto* mig = pg->add_subcommand(
+  // Kept in a Redis-only build, so that `pg migrate` is refused as such (78),
+  // not as an unknown command (64).
+  const char* not_built = pg::built_in() ? "" : " (not in this Redis-only build: exit 78)";
+  auto* sub = root.add_subcommand("pg", fmt::format("PostgreSQL guardrails: schema management{}", not_built));
+  sub->require_subcommand(1);
+  sub->footer(exit_status_help("Exit status: 0 ok."));
+  auto* mig = sub->add_subcommand(
       "migrate", "Create the jobguard tables (fences, completions, idempotency) if missing; idempotent");
-  mig->footer(exit_status_help("Exit status: 0 the tables exist (created now or before)."));
+  mig->footer(exit_status_help(fmt::format("Exit status: 0 the tables exist (created now or before){}.", not_built)));
   mig->add_option("--connect-timeout", args->connect_timeout, "Connect deadline (whole seconds, at least 2 s in libpq)")
       ->check(duration_validator())
       ->capture_default_str();

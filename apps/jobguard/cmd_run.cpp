@@ -30,6 +30,7 @@
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/redis/client.hpp"
+#include "postgres.hpp"
 
 using namespace std::chrono;
 
@@ -130,6 +131,8 @@ Exit status:
               or --class, a KEY named twice, --json (use --log-format json)
   69          Redis (or PostgreSQL for --once) unavailable: connect failed or
               timed out; fail-closed, CMD not run
+  78          --once with a PostgreSQL URL in a Redis-only build (or a wrong
+              password, a TLS or certificate failure); CMD not run
   70          the lease was lost while CMD ran (CMD was stopped)
   75          lock busy (after --wait, if given)
   124         --timeout passed (CMD was stopped)
@@ -275,6 +278,8 @@ class Runner {
       throw Error(errc::invalid_argument, fmt::format("--once \"{}\": a run id must be 1..512 bytes without whitespace", a_.once));
     o.run_id = a_.once;
     for (const auto& k : a_.keys) KeyBuilder::validate_resource(k);  // names the key and the offending character
+    // Records meant for PostgreSQL are never quietly kept in Redis instead.
+    if (!a_.once.empty() && !g_.postgres_url.empty()) pg::require("--once with --postgres (or $JOBGUARD_POSTGRES_URL)");
     return o;
   }
 
@@ -340,7 +345,7 @@ class Runner {
     po.url = g_.postgres_url;
     po.application_name = "jobguard-run";
     try {
-      return std::make_unique<guard::PgCompletionStore>(po);
+      return pg::completion_store(po, false);
     } catch (const Error& e) {
       if (next_step_for(e.code()) == next_step::retry_call)
         throw Error(errc::postgres_unavailable, fmt::format("cannot reach PostgreSQL for --once: {}; CMD not run (fail-closed)", e.what()));

@@ -23,7 +23,8 @@ std::string exit_status_help(const std::string& own) {
       "connecting); {} Redis/PostgreSQL unavailable (fail-closed; try later); {} in doubt (a\n"
       "COMMIT whose result is unknown: check the record); {} the server refused the request\n"
       "(WRONGTYPE, a script or protocol error, in its words); {} permission denied (NOPERM: the\n"
-      "ACL user's rights); {} configuration (wrong password, TLS or certificate: no retry fixes it).",
+      "ACL user's rights); {} configuration (wrong password, TLS or certificate, or PostgreSQL asked\n"
+      "of a Redis-only build: no retry fixes it).",
       exit_code::usage, exit_code::unavailable, exit_code::in_doubt, exit_code::server_error,
       exit_code::permission, exit_code::config);
   return s;

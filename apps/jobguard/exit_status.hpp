@@ -28,7 +28,8 @@ inline constexpr int in_doubt = 74;     // EX_IOERR: the outcome is unknown (COM
 inline constexpr int busy = 75;         // EX_TEMPFAIL: lock busy (try again later)
 inline constexpr int server_error = 76; // EX_PROTOCOL: the server refused what was asked (WRONGTYPE, script)
 inline constexpr int permission = 77;   // EX_NOPERM: the ACL user may not run this command or touch this key
-inline constexpr int config = 78;       // EX_CONFIG: wrong password, TLS/certificate: no retry can fix it
+inline constexpr int config = 78;       // EX_CONFIG: wrong password, TLS/certificate, PostgreSQL asked of a
+                                        // Redis-only build: no retry can fix it
 inline constexpr int timeout = 124;     // hard timeout (as timeout(1))
 }  // namespace exit_code
 

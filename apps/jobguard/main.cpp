@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "postgres.hpp"
 #include "jobguard/duration.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/redis/options.hpp"
@@ -116,8 +117,10 @@ UrlOptions add_url_options(CLI::App& app, Globals& g, std::string& password_file
                  "Read the Redis password from FILE (one trailing newline dropped) instead of the URL; "
                  "or set $JOBGUARD_REDIS_PASSWORD");
   o.postgres = app.add_option("--postgres", g.postgres_url,
-                 "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL (keep its password in $PGPASSWORD or ~/.pgpass, "
-                 "which libpq reads)")
+                 pg::built_in() ? "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL (keep its password in $PGPASSWORD "
+                                  "or ~/.pgpass, which libpq reads)"
+                                : "PostgreSQL URL; default $JOBGUARD_POSTGRES_URL. This build has no PostgreSQL: a "
+                                  "command that would use it exits 78")
       ->default_str(jobguard::redact_url(g.postgres_url));
   return o;
 }
@@ -192,6 +195,9 @@ int main(int argc, char** argv) {
       } catch (const CLI::ParseError& e) {
         std::cerr << "jobguard " << name << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::usage;
+      } catch (const pg::NotBuiltIn& e) {
+        std::cerr << "jobguard " << name << ": " << jobguard::escape_controls(e.what()) << "\n";
+        return exit_code::config;
       } catch (const std::exception& e) {
         std::cerr << "jobguard " << name << ": " << jobguard::escape_controls(e.what()) << "\n";
         return exit_code::unavailable;

@@ -1,19 +1,18 @@
 // `jobguard --version`: what was built, and with which client libraries (the
-// first thing to ask for in a bug report). Compile-time versions for the
-// header-defined ones, the loaded library's own answer for libpq and OpenSSL
-// and for the allocator.
+// first thing to ask for in a bug report), PostgreSQL's or that it is not
+// built in. Compile-time versions for the header-defined ones, the loaded
+// library's own answer for libpq and OpenSSL and for the allocator.
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
-#include <libpq-fe.h>
 #include <openssl/crypto.h>
 
 #include <boost/version.hpp>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <pqxx/version.hxx>
 
 #include "cli.hpp"
+#include "postgres.hpp"
 #include "jobguard/version.hpp"
 
 #if JOBGUARD_WITH_JEMALLOC
@@ -67,18 +66,16 @@ std::string allocator_text() {
 }  // namespace
 
 std::string version_text() {
-  const int pq = PQlibVersion();  // 150018 for 15.18 (major * 10000 + minor since 10)
   return fmt::format(
       "jobguard {} ({} build)\n"
       "hiredis {}.{}.{}\n"
-      "libpqxx {}\n"
-      "libpq {}.{}\n"
+      "{}\n"
       "{}\n"
       "Boost {}.{}.{}\n"
       "{}",
-      jobguard::version_string, JOBGUARD_BUILD_TYPE, HIREDIS_MAJOR, HIREDIS_MINOR, HIREDIS_PATCH, PQXX_VERSION,
-      pq / 10000, pq % 10000, OpenSSL_version(OPENSSL_VERSION), BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000,
-      BOOST_VERSION % 100, allocator_text());
+      jobguard::version_string, JOBGUARD_BUILD_TYPE, HIREDIS_MAJOR, HIREDIS_MINOR, HIREDIS_PATCH, pg::version_lines(),
+      OpenSSL_version(OPENSSL_VERSION), BOOST_VERSION / 100000, BOOST_VERSION / 100 % 1000, BOOST_VERSION % 100,
+      allocator_text());
 }
 
 }  // namespace jobguard::cli

@@ -20,7 +20,6 @@
 #include "jobguard/testing/embedded_redis.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/completion.hpp"
-#include "jobguard/guard/postgres.hpp"
 #include "jobguard/job/lock_class.hpp"
 #include "jobguard/job/runner.hpp"
 #include "jobguard/job/stream_source.hpp"
@@ -513,19 +512,11 @@ BillingDemoResult run_billing_demo(const BillingDemoOptions& opts) {
   reg.lock_class(opts.lock_class);
   const auto before = *reg.snapshot(opts.lock_class);
 
-  // Completion records: PostgreSQL when given (durable, what a team would
-  // run), else an in-process store standing in for it. Not Redis: a
-  // Redis-backed store would be wiped by the very restart the demo injects.
+  // Completion records: the caller's (PostgreSQL) when given, else an
+  // in-process store standing in for it. Not Redis: a Redis-backed store
+  // would be wiped by the very restart the demo injects.
   MemoryCompletionStore memory_store;
-  std::unique_ptr<guard::PgCompletionStore> pg_store;
-  guard::CompletionStore* store = &memory_store;
-  if (!opts.postgres_url.empty()) {
-    guard::PgOptions pg;
-    pg.url = opts.postgres_url;
-    guard::pg_migrate(pg);
-    pg_store = std::make_unique<guard::PgCompletionStore>(pg);
-    store = pg_store.get();
-  }
+  guard::CompletionStore* store = opts.completions != nullptr ? opts.completions : &memory_store;
 
   Run guarded(g, opts, work, faults, conn, store);
   Run naive(n, opts, work, faults, conn, nullptr);

@@ -20,6 +20,9 @@
 namespace jobguard {
 class EmbeddedRedis;
 }
+namespace jobguard::guard {
+class CompletionStore;
+}
 
 namespace jobguard::job {
 
@@ -29,9 +32,10 @@ struct BillingDemoOptions {
   // When set, the Redis restart fault restarts this server (no persistence)
   // mid-run. Null (an external Redis): the restart fault is skipped.
   EmbeddedRedis* restartable = nullptr;
-  // When set, the guarded run's completion records go to this PostgreSQL
-  // (migrated first); otherwise to an in-process store standing in for it.
-  std::string postgres_url{};
+  // When set, the guarded run's completion records go to this store (a
+  // guard::PgCompletionStore, durable, what a team would run); it must
+  // outlive the call. Null: an in-process store standing in for it.
+  guard::CompletionStore* completions = nullptr;
   // Subscriptions to charge. Default 120,000; must be >= 1.
   int subscriptions = 120000;
   // Worker threads per run. Default 8; must be in [1, 256].

@@ -1,6 +1,8 @@
-// What the doctor's files share (doctor.cpp, doctor_lock_state.cpp): the
-// findings' constructors and INFO's text.
+// What the doctor's files share (doctor.cpp, doctor_lock_state.cpp,
+// doctor_pg.cpp): the findings' constructors and INFO's text.
 #pragma once
+
+#include <fmt/format.h>
 
 #include <charconv>
 #include <cstdint>
@@ -37,6 +39,10 @@ inline std::int64_t to_i64(std::string_view s, std::int64_t dflt = 0) {
   std::int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   return ec == std::errc() ? v : dflt;
+}
+
+inline std::string ms_text(double ms) {
+  return ms < 10 ? fmt::format("{:.2f} ms", ms) : fmt::format("{:.0f} ms", ms);
 }
 
 }  // namespace jobguard::ops::checks

@@ -14,7 +14,9 @@
 #include "jobguard/lock.hpp"
 #include "jobguard/observe/fleet.hpp"
 #include "support/cli_fixture.hpp"
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 #include "support/postgres_fixture.hpp"
+#endif
 #include "support/subprocess.hpp"
 
 namespace jobguard::test {
@@ -213,6 +215,7 @@ TEST_F(OpsCli, DoctorWithACatalogJudgesSemaphoresByTheirClass) {
   EXPECT_NE(r.err.find("cannot read the file"), std::string::npos) << r.err;
 }
 
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 TEST_F(OpsCli, DoctorWithPostgresChecksItTooAndAnUnmigratedDatabaseFails) {
   // A fresh cluster of this test binary: jobguard's tables not created yet.
   const auto pg = shared_postgres().url();
@@ -233,6 +236,7 @@ TEST_F(OpsCli, DoctorWithPostgresChecksItTooAndAnUnmigratedDatabaseFails) {
   EXPECT_EQ(status_of(j, "pg_schema"), "OK") << r.out;
   EXPECT_EQ(status_of(j, "pg_role"), "OK") << r.out;
 }
+#endif
 
 TEST_F(OpsCli, PolicyLintPassesTheExampleCatalog) {
   const auto r = jg({"policy", "lint", kExample});

@@ -14,8 +14,10 @@
 #include <sstream>
 #include <thread>
 
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 #include "jobguard/guard/postgres.hpp"
 #include "support/postgres_fixture.hpp"
+#endif
 #include "support/cli_fixture.hpp"
 #include "support/subprocess.hpp"
 #include "integration/ops/http_client.hpp"
@@ -325,6 +327,7 @@ TEST_F(RunCli, OnceRecordsNothingWhenCmdFails) {
   EXPECT_EQ(read_file(count), "try\ntry\n");
 }
 
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 TEST_F(RunCli, OnceUsesPostgresWhenGiven) {
   auto& pg = shared_postgres();
   guard::pg_migrate(pg.url());
@@ -342,6 +345,23 @@ TEST_F(RunCli, OnceUsesPostgresWhenGiven) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_file(count), "ran\nran\n");
 }
+#else
+// A Redis-only build: records meant for PostgreSQL are refused (78, CMD not
+// run), never kept in Redis instead.
+TEST_F(RunCli, OnceWithPostgresIsRefusedNotRecordedInRedis) {
+  const auto count = file("count");
+  const Args cmd{"sh", "-c", "echo ran >> " + count};
+  auto r = run({"--key", resource(), "--once", "pg-run"}, cmd, {"--postgres", "postgresql://postgres@127.0.0.1:1/db"});
+  EXPECT_EQ(r.status, 78) << r.err;
+  EXPECT_NE(r.err.find("--once with --postgres (or $JOBGUARD_POSTGRES_URL) needs PostgreSQL"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(read_file(count), "");
+  r = run({"--key", resource(), "--once", "pg-run"}, cmd);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err.find("already done"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(count), "ran\n");
+}
+#endif
 
 TEST_F(RunCli, JsonLogIsOneObjectPerLineWithKeyJobAndEvent) {
   // Renewed at a third of the TTL (200 ms), so the 0.5 s CMD sees one or

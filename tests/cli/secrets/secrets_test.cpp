@@ -75,9 +75,14 @@ TEST(SecretsCliNoServer, MalformedPostgresUrlIsNotEchoedWithItsPassword) {
   for (const std::string url : {"postgresql://app:pg/s3cret@db:5432x/jobs", "postgresql://app:pg-s3cret@db:notaport/jobs",
                                 "host=db password=pg-s3cret port=abc bogus"}) {
     const auto r = run_jobguard({"--postgres", url, "pg", "migrate"}, 30s);
+#ifdef JOBGUARD_TESTS_WITHOUT_POSTGRES
+    // Refused before the URL is read: a Redis-only build.
+    EXPECT_EQ(r.status, 78) << url << "\n" << all_output(r);
+#else
     // 64 when libpq refuses the text, 69 when it parses and the connect
     // fails on it (a non-numeric port is noticed only then).
     EXPECT_TRUE(r.status == 64 || r.status == 69) << url << "\n" << all_output(r);
+#endif
     EXPECT_FALSE(r.err.empty());
     expect_never_printed(r, url.find("pg/s3cret") != std::string::npos ? "pg/s3cret" : "pg-s3cret");
   }

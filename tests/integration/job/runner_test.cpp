@@ -27,8 +27,10 @@
 #include "jobguard/observe/event_log.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "jobguard/redis/client.hpp"
-#include "support/postgres_fixture.hpp"
 #include "support/redis_fixture.hpp"
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
+#include "support/postgres_fixture.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using namespace jobguard;
@@ -38,7 +40,15 @@ using job::RedisDownPolicy;
 
 namespace {
 
-class RunnerTest : public test::PostgresTest {
+// The high row's tables and the durable records are in the binary's shared
+// PostgreSQL; a Redis-only build has the other rows only.
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
+using RunnerBase = test::PostgresTest;
+#else
+using RunnerBase = ::testing::Test;
+#endif
+
+class RunnerTest : public RunnerBase {
  protected:
   void SetUp() override {
     ++iteration();
@@ -80,7 +90,9 @@ class RunnerTest : public test::PostgresTest {
     // Names are capped at 64 characters; test names fit once truncated.
     return ("r" + std::to_string(iteration()) + "." + std::string(info->name())).substr(0, 64);
   }
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
   static std::string table(const std::string& what) { return name(what + std::to_string(iteration())); }
+#endif
   static std::string prefix() { return "jgt"; }
 
   job::LockClass low_class() const {
@@ -206,6 +218,7 @@ TEST_F(RunnerTest, FailClosedWithRedisStoppedDoesNotRunAndSaysWhy) {
   EXPECT_TRUE(lines.any("redis_unavailable"));
 }
 
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 TEST_F(RunnerTest, FailClosedLockClaimWithRedisStoppedAfterTheRecordCheck) {
   // The record store is PostgreSQL (reachable); only the lock's Redis is
   // down: the claim itself meets the outage and the class's policy decides.
@@ -255,6 +268,7 @@ TEST_F(RunnerTest, FailOpenWithRedisStoppedRunsLoudlyCountsAndStillRecordsDurabl
   EXPECT_EQ(again.outcome, Outcome::already_done);
   EXPECT_EQ(runs, 1);
 }
+#endif  // the PostgreSQL record store
 
 TEST_F(RunnerTest, ModerateClaimsTheIdempotencyKeyAndReplaysOneACrashedWorkerCompleted) {
   guard::RedisCompletionStore done(*client);
@@ -349,6 +363,7 @@ TEST_F(RunnerTest, AnEffectThatOutlivesItsLockIsRecordedAndSaidLoudly) {
   EXPECT_TRUE(done.find(cls_name(), "invoice:slow", "r"));  // the record states the fact and stops a third run
 }
 
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 TEST_F(RunnerTest, HighCommitsTheEffectAndItsRecordTogetherOrNeither) {
   const std::string table = RunnerTest::table("acct");
   {
@@ -543,6 +558,7 @@ TEST_F(RunnerTest, ChunkCheckpointsLetARunResumeAfterTheWorkerCrashed) {
   EXPECT_TRUE(done.find(cls_name(), "invoice:big", "2026-11"));
   EXPECT_EQ(runner.run(unit, [](job::JobContext&) { return std::string(); }).outcome, Outcome::already_done);
 }
+#endif  // the PostgreSQL row
 
 TEST_F(RunnerTest, LostLeaseStopsAChunkedUnitBeforeTheNextChunk) {
   guard::RedisCompletionStore done(*client);
@@ -625,6 +641,11 @@ TEST_F(RunnerTest, DeclarationsThatBreakTheDecisionMatrixAreRefused) {
   auto high = low_class();
   high.consequence = Consequence::high;
   expect_refused(high, {}, "needs PostgreSQL");
+#ifdef JOBGUARD_TESTS_WITHOUT_POSTGRES
+  // A Redis-only build: refused by name even with PostgreSQL's options given.
+  expect_refused(high, {.postgres = guard::PgOptions{.url = "postgresql://postgres@127.0.0.1:1/postgres"}},
+                 "built without it (JOBGUARD_WITH_POSTGRES=OFF)");
+#endif
   expect_refused(low_class(), {}, "needs a completion store");
   expect_refused(low_class(), {.completions = &done, .idempotency = &idem}, "moderate row");
   auto lr = low_class();

@@ -9,9 +9,11 @@
 
 #include "jobguard/admin.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
-#include "jobguard/guard/postgres.hpp"
 #include "jobguard/ops/doctor.hpp"
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
+#include "jobguard/guard/postgres.hpp"
 #include "support/postgres_fixture.hpp"
+#endif
 #include "support/redis_fixture.hpp"
 #include "support/cluster_redis.hpp"
 #include "support/sentinel_redis.hpp"
@@ -393,6 +395,7 @@ TEST(Doctor, AnUnreachableServerIsOneConnectionFailure) {
   EXPECT_EQ(worst(rs), CheckStatus::fail);
 }
 
+#ifndef JOBGUARD_TESTS_WITHOUT_POSTGRES
 class DoctorPg : public test::PostgresTest {};
 
 TEST_F(DoctorPg, AnUnmigratedDatabaseFailsTheSchemaCheckAndAMigratedOnePasses) {
@@ -451,6 +454,15 @@ TEST(DoctorPgDown, AnUnreachablePostgresIsOneFailure) {
   ASSERT_EQ(rs.size(), 1u);
   EXPECT_EQ(rs[0].status, CheckStatus::fail);
 }
+#else
+TEST(DoctorPgNotBuilt, ARedisOnlyBuildFailsTheConnectionCheckSayingWhy) {
+  const auto rs = check_postgres("postgresql://postgres@127.0.0.1:" + std::to_string(pick_free_port()) + "/postgres");
+  ASSERT_EQ(rs.size(), 1u) << dump(rs);
+  EXPECT_EQ(rs[0].name, "pg_connection");
+  EXPECT_EQ(rs[0].status, CheckStatus::fail);
+  EXPECT_NE(rs[0].detail.find("built without PostgreSQL"), std::string::npos) << dump(rs);
+}
+#endif
 
 // What `jobguard serve` watches: the read-only checks and their numbers as
 // gauges, a lost lock state seen by its quarantine and counted by the
