@@ -80,6 +80,9 @@ class Error : public std::exception {
   // True when this is an error.
   explicit operator bool() const noexcept { return static_cast<bool>(code_); }
   std::error_code code() const noexcept { return code_; }
+  // The code alone, for a handler that needs no more: a Redis completion
+  // (`const Error&`) may be handled by a callable taking a std::error_code.
+  operator std::error_code() const noexcept { return code_; }
   next_step next() const noexcept { return next_step_for(code_); }
   error_source source() const noexcept { return source_; }
   // "<what the code means>: <detail>", one line; "ok" for no error.

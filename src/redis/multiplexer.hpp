@@ -20,6 +20,7 @@
 #include <system_error>
 #include <vector>
 
+#include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/redis/reply.hpp"
 
@@ -137,11 +138,12 @@ class Multiplexer {
   // Drops parser state (after a reconnect: a half-read reply is garbage).
   void reset_reader();
 
-  // Runs before every non-internal completion, on the same thread, and may
-  // rewrite the error code (the client classifies error replies and counts
-  // calls here). A plain function pointer: wrapping every caller's
-  // completion in another std::function cost an allocation per command.
-  using Hook = void (*)(void* ctx, std::error_code& ec, const Reply& reply);
+  // Runs before every non-internal completion, on the same thread, and
+  // makes the Error that completion gets (the connection classifies error
+  // replies, counts the call and names its server here). A plain function
+  // pointer: wrapping every caller's completion in another std::function
+  // cost an allocation per command.
+  using Hook = Error (*)(void* ctx, std::error_code ec, const Reply& reply);
   void set_hook(Hook hook, void* ctx) noexcept {
     hook_ = hook;
     hook_ctx_ = ctx;
@@ -174,8 +176,13 @@ class Multiplexer {
     std::uint32_t weight = 1;
   };
   void finish(Completion& done, bool internal, std::error_code ec, Reply r) {
-    if (hook_ && !internal) hook_(hook_ctx_, ec, r);
-    done(ec, std::move(r));
+    if (hook_ && !internal) {
+      const Error err = hook_(hook_ctx_, ec, r);
+      return done(err, std::move(r));
+    }
+    // Without the hook an error reply is no failure: the handshake reads it.
+    const Error err = ec ? Error(ec, r.str, error_source::redis) : Error();
+    done(err, std::move(r));
   }
   Hook hook_ = nullptr;
   void* hook_ctx_ = nullptr;
