@@ -175,17 +175,16 @@ void ScriptBatcher::send(std::vector<Call> batch) {
   auto encoded = encode_batch(std::move(keys), std::move(args));
   client_.async_eval(
       many_, std::move(encoded.keys), std::move(encoded.args),
-      [dones = std::move(dones)](const Error& err, redis::Reply r) mutable {
-        Error e = err;
-        if (!err && (!r.is_array() || r.elements.size() != dones.size())) {
+      [dones = std::move(dones)](std::error_code ec, redis::Reply r) mutable {
+        if (!ec && (!r.is_array() || r.elements.size() != dones.size())) {
+          ec = make_error_code(errc::protocol_error);
           r = redis::Reply::error_reply(
               fmt::format("{} calls gathered in one script call: unexpected reply {}", dones.size(),
                           redis::to_debug_string(r)));
-          e = Error(errc::protocol_error, r.str, error_source::redis);
         }
         for (std::size_t i = 0; i < dones.size(); ++i) {
-          if (e) dones[i](e, r);
-          else dones[i](e, std::move(r.elements[i]));
+          if (ec) dones[i](ec, r);
+          else dones[i](ec, std::move(r.elements[i]));
         }
       },
       opts);

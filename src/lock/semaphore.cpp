@@ -105,17 +105,19 @@ void SemaphoreCalls::send(Batch b) {
   auto done = std::make_shared<std::vector<redis::ConfirmedCompletion>>(std::move(b.done));
   client_.async_eval_confirmed(
       *b.script, std::move(b.keys), std::move(b.args), b.confirm,
-      [done](const Error& err, redis::Reply r, redis::Confirmation c) {
+      [done](std::error_code ec, redis::Reply r, redis::Confirmation c) {
         const bool shaped = r.is_array() && r.elements.size() == done->size();
-        Error e = err;
-        if (!err && !shaped) {
-          r = redis::Reply::error_reply("unexpected reply to a semaphore script: " + redis::to_debug_string(r));
-          e = Error(errc::protocol_error, r.str, error_source::redis);
+        if (!ec && !shaped) {
+          ec = make_error_code(errc::protocol_error);
+          redis::Reply e;
+          e.type = redis::Reply::Type::error;
+          e.str = "unexpected reply to a semaphore script: " + redis::to_debug_string(r);
+          r = std::move(e);
         }
         for (std::size_t i = 0; i < done->size(); ++i) {
           if (!(*done)[i]) continue;
-          if (e) (*done)[i](e, r, c);
-          else (*done)[i](e, std::move(r.elements[i]), c);
+          if (ec) (*done)[i](ec, r, c);
+          else (*done)[i](ec, std::move(r.elements[i]), c);
         }
       });
 }

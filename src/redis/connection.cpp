@@ -27,17 +27,19 @@ void refuse(SharedStats* st, Completion& done, std::error_code ec, const std::st
 }
 
 // Every caller-visible completion passes here first: the one place an error
-// reply becomes an errc, the call is counted, and the Error its caller gets is
-// built (on failures only: success is an empty Error, no allocation).
-Error Connection::account(void* ctx, std::error_code ec, const Reply& reply) {
-  auto* c = static_cast<Connection*>(ctx);
-  SharedStats* st = c->stats_.get();
+// reply becomes an errc, and the call is counted.
+void Connection::account(void* ctx, std::error_code& ec, const Reply& reply) {
+  SharedStats* st = static_cast<Connection*>(ctx)->stats_.get();
   if (!ec && reply.is_error()) ec = classify_error_reply(reply);
   st->commands.fetch_add(1, std::memory_order_relaxed);
-  if (!ec) return Error();
+  if (!ec) return;
   st->errors.fetch_add(1, std::memory_order_relaxed);
   if (ec == errc::timeout) st->timeouts.fetch_add(1, std::memory_order_relaxed);
-  return to_error(ec, reply, c->where_);
+}
+
+// The Error a failed call's completion gets, built once here (failures only).
+Error Connection::describe(void* ctx, std::error_code ec, const Reply& reply) {
+  return to_error(ec, reply, static_cast<Connection*>(ctx)->where_);
 }
 
 bool Connection::push_now(void* ctx, Reply& r) { return static_cast<Connection*>(ctx)->on_push_(r); }
@@ -72,7 +74,7 @@ Connection::Connection(asio::io_context& ctx, const ConnectionOptions& opts, std
   const auto timeout = opts_.command_timeout;
   sweep_tick_ = std::clamp<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(1),
                                                       std::chrono::milliseconds(10));
-  mux_.set_hook(&Connection::account, this);
+  mux_.set_hook(&Connection::account, &Connection::describe, this);
   mux_.set_flush(kFlushEvery, &Connection::flush_now, this);
 }
 

@@ -110,7 +110,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   // The multiplexer's hooks: plain functions with this connection as context.
-  static Error account(void* ctx, std::error_code ec, const Reply& reply);
+  static void account(void* ctx, std::error_code& ec, const Reply& reply);
+  static Error describe(void* ctx, std::error_code ec, const Reply& reply);
   static bool push_now(void* ctx, Reply& r);
   static void flush_now(void* ctx);
 
