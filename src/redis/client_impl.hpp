@@ -1,7 +1,7 @@
 // Client::Impl, shared by the client's files: client.cpp (lifecycle,
-// submitting, the blocking facade), client_cluster.cpp (routing on a Redis
-// Cluster, the slot map, primaries) and client_eval.cpp (EVALSHA with its
-// EVAL fallback, confirmed writes, commands in order).
+// submitting, routing on a Redis Cluster, the slot map, primaries, the
+// blocking facade) and client_eval.cpp (EVALSHA with its EVAL fallback,
+// confirmed writes, commands in order).
 //
 // Threads: as Client (client.hpp). Members marked "loop thread" are touched
 // on the event loop only.
@@ -66,7 +66,7 @@ struct Client::Impl : std::enable_shared_from_this<Client::Impl> {
   // Any thread: conns is fixed from init() until the destructor.
   Error down_error() const;
 
-  // --- client_cluster.cpp: Redis Cluster (opts.cluster) -------------------------------
+  // --- Redis Cluster (opts.cluster), in client.cpp ----------------------------------
   // Loop thread only. Node connections by "host:port" (the seed
   // connections among them), and each slot's primary as last learned
   // (CLUSTER SLOTS, MOVED); null = not known yet: the seed.
