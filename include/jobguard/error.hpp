@@ -76,10 +76,17 @@ class Error : public std::exception {
   Error(std::error_code ec, const std::string& detail, error_source source = error_source::none);
   Error(errc e, const std::string& detail, error_source source = error_source::none)
       : Error(make_error_code(e), detail, source) {}
+  // The code alone, its meaning as the text (a clear code is no error): what
+  // a handler that kept only a std::error_code passes on to one that takes
+  // an Error. Where the Error itself is at hand, pass it: it keeps the story.
+  Error(std::error_code ec) : Error(ec ? Error(ec, std::string()) : Error()) {}
 
   // True when this is an error.
   explicit operator bool() const noexcept { return static_cast<bool>(code_); }
   std::error_code code() const noexcept { return code_; }
+  // The code alone, for a handler that needs no more: a Redis completion
+  // (`const Error&`) may be handled by a callable taking a std::error_code.
+  operator std::error_code() const noexcept { return code_; }
   next_step next() const noexcept { return next_step_for(code_); }
   error_source source() const noexcept { return source_; }
   // "<what the code means>: <detail>", one line; "ok" for no error.

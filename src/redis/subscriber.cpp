@@ -97,8 +97,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
       auto self = weak.lock();
       return self && self->on_push(r);
     });
-    conn->set_on_fatal([weak](std::error_code ec, const std::string& why) {
-      if (auto self = weak.lock()) self->report(Error(ec, why, error_source::redis));
+    conn->set_on_fatal([weak](const Error& e) {
+      if (auto self = weak.lock()) self->report(e);
     });
     conn->start();
     arm_ping();
@@ -288,8 +288,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Impl> {
       auto nn = wn.lock();
       return self && nn && self->node_push(*nn, r);
     });
-    n->conn->set_on_fatal([weak](std::error_code ec, const std::string& why) {
-      if (auto self = weak.lock()) self->report(Error(ec, why, error_source::redis));
+    n->conn->set_on_fatal([weak](const Error& e) {
+      if (auto self = weak.lock()) self->report(e);
     });
     nodes.emplace(where, n);
     n->conn->start();

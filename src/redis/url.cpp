@@ -51,11 +51,9 @@ bool parse_bool(std::string_view v, std::string_view url, std::string_view key) 
   bad(url, fmt::format("option {}=\"{}\" is not yes/no", escape_text(key, 64), escape_text(v, 64)));
 }
 
-}  // namespace
-
-ConnectionOptions parse_url(std::string_view url) {
-  ConnectionOptions o;
-  std::string_view rest = url;
+// Splits "scheme://": which of the four schemes, and the TLS it implies.
+// Returns true for a Sentinel scheme.
+bool parse_scheme(std::string_view& rest, std::string_view url, ConnectionOptions& o) {
   const auto scheme_end = rest.find("://");
   // Not echoed: text with no "://" may be anything, a bare password included.
   if (scheme_end == std::string_view::npos)
@@ -68,72 +66,76 @@ ConnectionOptions parse_url(std::string_view url) {
     bad(url, fmt::format("unsupported scheme \"{}\" (expected redis, rediss, redis+sentinel or rediss+sentinel)",
                          escape_text(scheme, 32)));
   rest.remove_prefix(scheme_end + 3);
+  return sentinel;
+}
 
-  // userinfo first, and up to the last '@': a password may hold a raw '/',
-  // '?', ':' or '@' (people paste generated ones without percent-encoding),
-  // which must not be taken for the path, query or port. The cost: an '@' in
-  // a query value must be written %40.
-  if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-    std::string_view userinfo = rest.substr(0, at);
-    rest = rest.substr(at + 1);
-    if (userinfo.empty()) bad(url, "nothing before '@' (expected [user:]password@host)");
-    if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
-      o.user = percent_decode(userinfo.substr(0, colon), url, "user");
-      o.password = percent_decode(userinfo.substr(colon + 1), url, "password");
-      if (o.password.empty()) bad(url, "empty password after ':'");
-    } else {
-      // redis://secret@host is the classic password-only form.
-      o.password = percent_decode(userinfo, url, "password");
+// userinfo first, and up to the last '@': a password may hold a raw '/',
+// '?', ':' or '@' (people paste generated ones without percent-encoding),
+// which must not be taken for the path, query or port. The cost: an '@' in
+// a query value must be written %40.
+void parse_userinfo(std::string_view& rest, std::string_view url, ConnectionOptions& o) {
+  const auto at = rest.rfind('@');
+  if (at == std::string_view::npos) return;
+  const std::string_view userinfo = rest.substr(0, at);
+  rest = rest.substr(at + 1);
+  if (userinfo.empty()) bad(url, "nothing before '@' (expected [user:]password@host)");
+  if (auto colon = userinfo.find(':'); colon != std::string_view::npos) {
+    o.user = percent_decode(userinfo.substr(0, colon), url, "user");
+    o.password = percent_decode(userinfo.substr(colon + 1), url, "password");
+    if (o.password.empty()) bad(url, "empty password after ':'");
+  } else {
+    // redis://secret@host is the classic password-only form.
+    o.password = percent_decode(userinfo, url, "password");
+  }
+}
+
+// Cuts `rest` at the first `sep`: what follows it is returned, `rest` keeps what precedes it.
+std::string_view cut_at(std::string_view& rest, char sep) {
+  const auto at = rest.find(sep);
+  if (at == std::string_view::npos) return {};
+  const std::string_view after = rest.substr(at + 1);
+  rest = rest.substr(0, at);
+  return after;
+}
+
+// host[:port][,host[:port]...] and the path's master-name[/db]; `path` is
+// left holding the db part.
+void parse_sentinels(std::string_view list, std::string_view& path, std::string_view url, ConnectionOptions& o) {
+  if (list.empty()) bad(url, "missing sentinel host (redis+sentinel://host:26379,host:26380/master-name)");
+  for (;;) {
+    const auto comma = list.find(',');
+    const std::string_view one = list.substr(0, comma);
+    if (one.empty()) bad(url, "empty entry in the sentinel list");
+    ConnectionOptions single;
+    try {
+      single = parse_url(fmt::format("redis://{}", one));
+    } catch (const Error& e) {
+      // Name the entry; the full URL is quoted once, by bad().
+      std::string_view why = e.detail();
+      if (const auto in = why.rfind(" in \""); in != std::string_view::npos) why = why.substr(0, in);
+      bad(url, fmt::format("sentinel \"{}\": {}", escape_text(one, 64), why));
     }
+    if (one.find(':') == std::string_view::npos || (one.front() == '[' && one.back() == ']')) single.port = 26379;
+    o.sentinel.sentinels.push_back({single.host, single.port});
+    if (comma == std::string_view::npos) break;
+    list = list.substr(comma + 1);
   }
-  std::string_view query;
-  if (auto q = rest.find('?'); q != std::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  std::string_view path;
-  if (auto slash = rest.find('/'); slash != std::string_view::npos) {
-    path = rest.substr(slash + 1);
-    rest = rest.substr(0, slash);
-  }
-  if (sentinel) {
-    // host[:port][,host[:port]...]/master-name[/db]
-    if (rest.empty()) bad(url, "missing sentinel host (redis+sentinel://host:26379,host:26380/master-name)");
-    std::string_view list = rest;
-    for (;;) {
-      const auto comma = list.find(',');
-      const std::string_view one = list.substr(0, comma);
-      if (one.empty()) bad(url, "empty entry in the sentinel list");
-      ConnectionOptions single;
-      try {
-        single = parse_url(fmt::format("redis://{}", one));
-      } catch (const Error& e) {
-        // Name the entry; the full URL is quoted once, by bad().
-        std::string_view why = e.detail();
-        if (const auto in = why.rfind(" in \""); in != std::string_view::npos) why = why.substr(0, in);
-        bad(url, fmt::format("sentinel \"{}\": {}", escape_text(one, 64), why));
-      }
-      if (one.find(':') == std::string_view::npos || (one.front() == '[' && one.back() == ']')) single.port = 26379;
-      o.sentinel.sentinels.push_back({single.host, single.port});
-      if (comma == std::string_view::npos) break;
-      list = list.substr(comma + 1);
-    }
-    const auto slash = path.find('/');
-    const std::string_view name = path.substr(0, slash);
-    if (name.empty()) bad(url, "missing master name after the sentinel list (redis+sentinel://host:26379/master-name)");
-    for (char c : name)
-      if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
-        bad(url, fmt::format("invalid character in master name \"{}\"", escape_text(name, 64)));
-    o.sentinel.master_name = percent_decode(name, url, "master name");
-    path = slash == std::string_view::npos ? std::string_view{} : path.substr(slash + 1);
-    o.host = o.sentinel.sentinels.front().host;
-    o.port = o.sentinel.sentinels.front().port;
-    rest = {};
-  }
+  const auto slash = path.find('/');
+  const std::string_view name = path.substr(0, slash);
+  if (name.empty()) bad(url, "missing master name after the sentinel list (redis+sentinel://host:26379/master-name)");
+  for (char c : name)
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+      bad(url, fmt::format("invalid character in master name \"{}\"", escape_text(name, 64)));
+  o.sentinel.master_name = percent_decode(name, url, "master name");
+  path = slash == std::string_view::npos ? std::string_view{} : path.substr(slash + 1);
+  o.host = o.sentinel.sentinels.front().host;
+  o.port = o.sentinel.sentinels.front().port;
+}
+
+// host[:port] or [v6][:port].
+void parse_host_port(std::string_view rest, std::string_view url, ConnectionOptions& o) {
   std::string_view host = rest, port;
-  if (sentinel) {
-    // parsed above
-  } else if (!rest.empty() && rest.front() == '[') {
+  if (!rest.empty() && rest.front() == '[') {
     auto close = rest.find(']');
     if (close == std::string_view::npos) bad(url, "unterminated IPv6 host '['");
     host = rest.substr(1, close - 1);
@@ -148,17 +150,59 @@ ConnectionOptions parse_url(std::string_view url) {
     port = rest.substr(colon + 1);
     if (port.empty()) bad(url, "empty port after ':'");
   }
-  if (!sentinel && host.empty()) bad(url, "missing host");
-  if (!sentinel && rest.front() != '[' && host.find(':') != std::string_view::npos)
+  if (host.empty()) bad(url, "missing host");
+  if (rest.front() != '[' && host.find(':') != std::string_view::npos)
     bad(url, fmt::format("invalid host \"{}\" (an IPv6 address goes in brackets: [::1]:6379)", escape_text(host, 64)));
   for (char c : host)
     if (c == ' ' || c == '/' || c == '?' || c == '#' || c == '@' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
       bad(url, fmt::format("invalid character '{}' in host \"{}\"", escape_text(std::string_view(&c, 1)),
                            escape_text(host, 64)));
-  if (!sentinel) o.host = std::string(host);
+  o.host = std::string(host);
   if (!port.empty()) o.port = parse_int<std::uint16_t>(port, url, "port", 1, 65535);
-  if (!path.empty()) o.db = parse_int<int>(path, url, "database", 0, 1 << 20);
+}
 
+std::chrono::milliseconds parse_positive_duration(const std::string& val, std::string_view url, std::string_view key) {
+  std::chrono::milliseconds d{};
+  try {
+    d = parse_duration_ms(val, key);
+  } catch (const Error& e) {
+    // Keep one "invalid URL:" prefix: drop the nested category text.
+    std::string_view why = e.what();
+    const std::string prefix = e.code().message() + ": ";
+    if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
+    bad(url, fmt::format("option {}: {}", escape_text(key, 64), why));
+  }
+  // Outside the try: bad() throws the very type the handler catches.
+  if (d.count() <= 0) bad(url, fmt::format("option {} must be positive (at least 1ms)", key));
+  return d;
+}
+
+// One "key=value" of the query; `val` is already percent-decoded.
+void apply_option(std::string_view key, const std::string& val, bool sentinel, std::string_view url,
+                  ConnectionOptions& o) {
+  auto dur = [&] { return parse_positive_duration(val, url, key); };
+  if (key == "timeout") o.command_timeout = dur();
+  else if (key == "connect_timeout") o.connect_timeout = dur();
+  else if (key == "connections") o.connections = parse_int<int>(val, url, "connections", 1, 64);
+  else if (key == "ca") o.tls.ca_file = val;
+  else if (key == "sni") o.tls.server_name = val;
+  else if (key == "verify") o.tls.verify_peer = parse_bool(val, url, key);
+  else if (key == "cert") o.tls.cert_file = val;
+  else if (key == "key") o.tls.key_file = val;
+  else if (key == "name") o.client_name = val;
+  else if (key == "max_ttl") o.lock_max_ttl = dur();
+  else if (key == "replicas") o.lock_replicas = parse_int<int>(val, url, "replicas", 0, 64);
+  else if (key == "replicas_timeout") o.lock_replicas_timeout = dur();
+  else if (key == "waitaof") o.lock_waitaof = parse_bool(val, url, key);
+  else if (key == "sentinel_password" && sentinel) o.sentinel.password = val;
+  else if (key == "sentinel_check" && sentinel) o.sentinel.check_interval = dur();
+  else if (key == "sentinel_tls" && sentinel) o.sentinel.tls = parse_bool(val, url, key);
+  else if (key == "cluster") o.cluster = parse_bool(val, url, key);
+  else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
+  else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
+}
+
+void parse_query(std::string_view query, bool sentinel, std::string_view url, ConnectionOptions& o) {
   while (!query.empty()) {
     auto amp = query.find('&');
     std::string_view kv = query.substr(0, amp);
@@ -166,43 +210,24 @@ ConnectionOptions parse_url(std::string_view url) {
     if (kv.empty()) continue;
     auto eq = kv.find('=');
     if (eq == std::string_view::npos) bad(url, fmt::format("option \"{}\" has no value", escape_text(kv, 64)));
-    std::string_view key = kv.substr(0, eq);
-    std::string val = percent_decode(kv.substr(eq + 1), url, key);
-    auto dur = [&](std::string_view what) {
-      std::chrono::milliseconds d{};
-      try {
-        d = parse_duration_ms(val, what);
-      } catch (const Error& e) {
-        // Keep one "invalid URL:" prefix: drop the nested category text.
-        std::string_view why = e.what();
-        const std::string prefix = e.code().message() + ": ";
-        if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
-        bad(url, fmt::format("option {}: {}", escape_text(key, 64), why));
-      }
-      // Outside the try: bad() throws the very type the handler catches.
-      if (d.count() <= 0) bad(url, fmt::format("option {} must be positive (at least 1ms)", key));
-      return d;
-    };
-    if (key == "timeout") o.command_timeout = dur("timeout");
-    else if (key == "connect_timeout") o.connect_timeout = dur("connect_timeout");
-    else if (key == "connections") o.connections = parse_int<int>(val, url, "connections", 1, 64);
-    else if (key == "ca") o.tls.ca_file = val;
-    else if (key == "sni") o.tls.server_name = val;
-    else if (key == "verify") o.tls.verify_peer = parse_bool(val, url, key);
-    else if (key == "cert") o.tls.cert_file = val;
-    else if (key == "key") o.tls.key_file = val;
-    else if (key == "name") o.client_name = val;
-    else if (key == "max_ttl") o.lock_max_ttl = dur("max_ttl");
-    else if (key == "replicas") o.lock_replicas = parse_int<int>(val, url, "replicas", 0, 64);
-    else if (key == "replicas_timeout") o.lock_replicas_timeout = dur("replicas_timeout");
-    else if (key == "waitaof") o.lock_waitaof = parse_bool(val, url, key);
-    else if (key == "sentinel_password" && sentinel) o.sentinel.password = val;
-    else if (key == "sentinel_check" && sentinel) o.sentinel.check_interval = dur("sentinel_check");
-    else if (key == "sentinel_tls" && sentinel) o.sentinel.tls = parse_bool(val, url, key);
-    else if (key == "cluster") o.cluster = parse_bool(val, url, key);
-    else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
-    else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
+    const std::string_view key = kv.substr(0, eq);
+    apply_option(key, percent_decode(kv.substr(eq + 1), url, key), sentinel, url, o);
   }
+}
+
+}  // namespace
+
+ConnectionOptions parse_url(std::string_view url) {
+  ConnectionOptions o;
+  std::string_view rest = url;
+  const bool sentinel = parse_scheme(rest, url, o);
+  parse_userinfo(rest, url, o);
+  const std::string_view query = cut_at(rest, '?');
+  std::string_view path = cut_at(rest, '/');
+  if (sentinel) parse_sentinels(rest, path, url, o);
+  else parse_host_port(rest, url, o);
+  if (!path.empty()) o.db = parse_int<int>(path, url, "database", 0, 1 << 20);
+  parse_query(query, sentinel, url, o);
   return o;
 }
 

@@ -41,21 +41,24 @@
 
 namespace jobguard::redis {
 
-// On failure `ec` is set and `reply` is an error reply whose text says what
-// went wrong and where (server address, command, server's own message).
-// An -ERR reply from the server is a failure too (server_error, server_busy,
-// script_error, auth_failed, permission_denied): callers never have to inspect reply types for
-// errors. For an error reply the text is the server's own, untouched (so
-// error_prefix() works); to_error() below adds the address and the context
-// for the layers above. A reply over a ConnectionOptions limit fails with
-// protocol_error naming the limit.
-// A plain error_code here, not an Error: this is the per-command hot path,
-// and the reply already carries the text.
-using Completion = std::function<void(std::error_code ec, Reply reply)>;
-// Client::async_exec_in_order's: `ec` is the first failed command's (clear
+// Every completion of the client has this shape: the outcome first, as an
+// Error (empty on success), then what the call returns. On failure `err`
+// says what went wrong and where, source redis: its code, the server's
+// host:port and the server's own words (or what failed on our side). It is
+// built once, where the reply is read, and only for a failure: on success it
+// is an empty Error, which allocates nothing. An -ERR reply from the server
+// is a failure too (server_error, server_busy, script_error, auth_failed,
+// permission_denied): callers never have to inspect reply types for errors.
+// `reply` is then an error reply whose text is the server's own, untouched
+// (so error_prefix() works); to_error() below adds a context ("acquire of
+// K") for the layers above. A reply over a ConnectionOptions limit fails
+// with protocol_error naming the limit. A handler that needs only the code
+// may take a std::error_code instead (Error converts to it).
+using Completion = std::function<void(const Error& err, Reply reply)>;
+// Client::async_exec_in_order's: `err` is the first failed command's (empty
 // when all succeeded); `replies` holds every command's reply, in order (a
 // failed one's is its error reply, or empty when it never got one).
-using InOrderCompletion = std::function<void(std::error_code ec, std::vector<Reply> replies)>;
+using InOrderCompletion = std::function<void(const Error& err, std::vector<Reply> replies)>;
 
 struct CallOptions {
   // Zero = the client's command_timeout.
@@ -108,9 +111,9 @@ std::string describe(const Confirm& c);
 // One line: "0 of 1 replicas acknowledged within 500 ms (WAIT 1 500)".
 std::string describe(const Confirmation& got, const Confirm& wanted);
 
-// `ec` and `reply` are the write's, as for Completion; `conf` is meaningful
+// `err` and `reply` are the write's, as for Completion; `conf` is meaningful
 // only when the write succeeded.
-using ConfirmedCompletion = std::function<void(std::error_code ec, Reply reply, Confirmation conf)>;
+using ConfirmedCompletion = std::function<void(const Error& err, Reply reply, Confirmation conf)>;
 
 // One primary of a Redis Cluster and the slot ranges it serves (first, last).
 struct PrimaryShard {
@@ -192,7 +195,8 @@ class Client {
   void async_exec_in_order(std::vector<Command> cmds, InOrderCompletion done, CallOptions opts = {});
 
   // Asio completion-token form: `co_await async_exec(client, cmd, use_awaitable)`
-  // returns the Reply or throws jobguard::Error.
+  // returns the Reply or throws the call's jobguard::Error: the one place a
+  // Redis failure becomes an exception on the asynchronous side.
   // (Defined below as free functions so any token works.)
 
   // --- blocking facade -------------------------------------------------------
@@ -224,11 +228,14 @@ class Client {
   std::vector<std::string> primaries();
   // primaries() with the slots each serves, asked for on the event loop: a
   // fresh CLUSTER SHARDS (SLOTS before 7.0). Without cluster=yes, address()
-  // serving every slot. `done` runs on the loop, never inside this call;
-  // on an error `why` says what failed.
-  using PrimariesCompletion =
-      std::function<void(std::error_code ec, const std::string& why, std::vector<PrimaryShard> shards)>;
+  // serving every slot. `done` runs on the loop, never inside this call.
+  using PrimariesCompletion = std::function<void(const Error& err, std::vector<PrimaryShard> shards)>;
   void async_primaries(PrimariesCompletion done);
+  // The same for a handler of the older (code, text, shards) shape, until
+  // its last callers take an Error.
+  using PrimariesTextCompletion =
+      std::function<void(std::error_code ec, const std::string& why, std::vector<PrimaryShard> shards)>;
+  void async_primaries(PrimariesTextCompletion done);
 
   // For the CLI/doctor: "127.0.0.1:6379".
   std::string address() const;
@@ -246,6 +253,7 @@ class Client {
 Error to_error(std::error_code ec, const Reply& reply, std::string_view address, std::string_view context = {});
 
 namespace detail {
+// to_error(ec, r, c.address()) thrown when `ec` is set.
 void throw_if_error(const Client& c, std::error_code ec, Reply& r);
 }
 
@@ -258,15 +266,9 @@ auto async_exec(Client& c, Command cmd, Token&& token, CallOptions opts = {}) {
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
         c.async_exec(
             std::move(command),
-            [h, ex, &c](std::error_code ec, Reply r) {
+            [h, ex](const Error& err, Reply r) {
               std::exception_ptr ep;
-              if (ec) {
-                try {
-                  detail::throw_if_error(c, ec, r);
-                } catch (...) {
-                  ep = std::current_exception();
-                }
-              }
+              if (err) ep = std::make_exception_ptr(err);
               // Resume the waiter on its own executor (inline when that is
               // the event loop, as in `jobguard bench`).
               boost::asio::dispatch(ex, [h, ep, r = std::move(r)]() mutable { (*h)(ep, std::move(r)); });
