@@ -102,6 +102,10 @@ inline std::exception_ptr as_exception(const Error& e) {
   return e ? std::make_exception_ptr(Error(e.code(), std::string(e.detail()), e.source())) : std::exception_ptr();
 }
 
+// The event loop a lease's scheduler runs on, where its completions run: a
+// single-server client's, or a quorum service's own (QuorumLease::adopt).
+boost::asio::any_io_executor lease_executor(const Lease& lease);
+
 inline boost::asio::any_io_executor executor_of(const Lock& lock) {
   if (lock.service()) return lock.service()->client().get_executor();
   return boost::asio::system_executor();
@@ -273,7 +277,7 @@ auto async_release(Lease& lease, Token&& token) {
   return boost::asio::async_initiate<Token, void(std::exception_ptr, bool)>(
       [&lease](auto handler) {
         detail::initiate(
-            std::move(handler), lease.service().client().get_executor(),
+            std::move(handler), detail::lease_executor(lease),
             [&](const auto& done) {
               lease.async_release([done](const Error& e, bool ours) { done(detail::as_exception(e), ours); });
             },
@@ -316,7 +320,7 @@ auto async_wait_lost(Lease& lease, Token&& token) {
             else boost::asio::dispatch(op->ex, std::move(invoke));
           }
         };
-        auto op = std::make_shared<Op>(std::move(handler), lease.service().client().get_executor());
+        auto op = std::make_shared<Op>(std::move(handler), detail::lease_executor(lease));
         auto cancel = lease.when_ended(
             [op](LeaseState how) { Op::complete(op, {}, how, op->initiating.load(std::memory_order_acquire)); });
         if (op->slot.is_connected()) {

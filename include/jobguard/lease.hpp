@@ -2,7 +2,10 @@
 //
 // One LeaseScheduler renews every lease of a process from a deadline queue on
 // the client's event loop (no thread per lock), at ttl/3 with jitter, sending
-// the renewals that fall due together in one pipeline. A lease knows its *safe
+// the renewals that fall due together in one pipeline. A Lease is the one
+// handle for every kind of lock it renews: a single-server Lock, a
+// multi-lock's set, and a quorum lock over N primaries (<jobguard/quorum.hpp>),
+// whose renewal goes to every instance and counts when a majority took it. A lease knows its *safe
 // time left* on the monotonic clock, counted from when the last successful
 // renewal was *sent* (the server's TTL restarted no earlier than that) minus a
 // drift allowance. It is lost when a renewal finds the token gone, when
@@ -53,6 +56,12 @@ enum class LeaseState {
 const char* to_string(LeaseState s) noexcept;
 
 class LeaseScheduler;
+namespace detail {
+struct LeaseAccess;
+}
+class QuorumLock;
+class QuorumLockService;
+struct QuorumOptions;
 
 // A handle to a renewing lock. Destroying it releases the lock, and *blocks*
 // for that: the destructor calls release(), which waits for Redis's reply (up
@@ -75,13 +84,19 @@ class Lease {
   const std::string& token() const noexcept;
   const std::string& resource() const noexcept;
   std::optional<std::int64_t> fence() const noexcept;
-  // The service whose lock this is (its client runs the renewals).
+  // The service of the scheduler that renews it (its client runs the
+  // renewals). Not for a lease of QuorumLease::adopt: it is renewed on the
+  // quorum service's own loop, which has no LockService.
   LockService& service() const noexcept;
-  // The locks it renews: 1, or a multi-lock's set (LeaseScheduler::adopt_all)
-  // in canonical order; key(), token(), resource() and fence() are the first's.
+  // The single-server locks it renews: 1, or a multi-lock's set
+  // (LeaseScheduler::adopt_all) in canonical order; key(), token(),
+  // resource() and fence() are the first's. 0 for a quorum lease.
   std::size_t lock_count() const noexcept;
   // Throws std::out_of_range for i >= lock_count().
   const Lock& lock_at(std::size_t i) const;
+  // The quorum lock it renews (LeaseScheduler::adopt(QuorumLock)); null for
+  // a single-server lease.
+  const QuorumLock* quorum_lock() const noexcept;
 
   // Time the lock is still certainly ours (zero when lost). Computed from the
   // monotonic clock on every call, so a caller resuming from a pause sees the
@@ -109,8 +124,10 @@ class Lease {
   void on_lost(std::function<void(LeaseState, const std::string&)> fn);
 
   // Stops renewing and releases (compare-and-delete). True if it was still
-  // ours. A Redis failure is false too (the TTL frees the lock). On the
-  // event-loop thread it sends the release without waiting and returns true.
+  // ours (a quorum lease: on a majority). A Redis failure is false too (the
+  // TTL frees the lock). On the event-loop thread (a quorum lease: any of its
+  // instances' or the scheduler's) it sends the release without waiting and
+  // returns true.
   bool release();
   // The non-blocking form, safe from any thread: `done` runs on the event
   // loop, never inside the call, with (no error, true) when the lock was
@@ -128,11 +145,15 @@ class Lease {
 
   struct State;
 
+ protected:
+  explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
+
  private:
   friend class LeaseScheduler;
+  friend struct detail::LeaseAccess;
   bool stop_for_release();
+  bool release_quorum();
   std::vector<Lock*> all_locks() const;
-  explicit Lease(std::shared_ptr<State> s) : s_(std::move(s)) {}
   std::shared_ptr<State> s_;
 };
 
@@ -174,8 +195,26 @@ class LeaseScheduler : public std::enable_shared_from_this<LeaseScheduler> {
   // is. Releasing it releases them all. Throws Error(invalid_argument) for a
   // set not all held or not granted together (acquire_all).
   Lease adopt_all(MultiLock locks, const LeaseOptions& opts = {});
+  // Takes over a held quorum lock (<jobguard/quorum.hpp>) and keeps it
+  // renewed from the same deadline queue as this scheduler's single-server
+  // leases: each renewal goes to every instance (compare-and-pexpire, each
+  // with the lock's per-instance deadline) and counts when a majority took
+  // it; the safe time is the last such renewal's send time + ttl - drift
+  // (the lock's drift unless LeaseOptions::drift). Lost as token_gone when
+  // more than N - quorum instances say the token is not ours, as expired
+  // when renewals keep failing until the safe time runs out, as timed_out
+  // at the hard timeout (then it is deleted on every instance at once). A
+  // failed renewal is retried every quarter period. Its metrics go to lock
+  // class "quorum". Error(invalid_argument) for a lock not held, negative
+  // options, or a scheduler whose clock is not MonotonicClock::steady() (the
+  // quorum lock's times are read on it).
+  Lease adopt(QuorumLock lock, const LeaseOptions& opts = {});
   // Acquire + adopt. nullopt when busy for the whole wait.
   std::optional<Lease> acquire(std::string_view resource, const LockOptions& lock_opts,
+                               const LeaseOptions& lease_opts = {});
+  // The same for a quorum lock: QuorumLockService::acquire + adopt. Throws
+  // as QuorumLockService::acquire.
+  std::optional<Lease> acquire(QuorumLockService& quorum, std::string_view resource, const QuorumOptions& lock_opts,
                                const LeaseOptions& lease_opts = {});
 
   LeaseSchedulerStats stats() const;
@@ -185,7 +224,10 @@ class LeaseScheduler : public std::enable_shared_from_this<LeaseScheduler> {
 
  private:
   friend class Lease;
+  friend struct detail::LeaseAccess;
   LeaseScheduler(std::shared_ptr<LockService> service, const LeaseSchedulerOptions& options);
+  // A scheduler of quorum leases only, on a QuorumLockService's own loop.
+  explicit LeaseScheduler(std::shared_ptr<Impl> impl);
   std::shared_ptr<LockService> service_;
   std::shared_ptr<Impl> impl_;
 };

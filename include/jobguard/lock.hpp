@@ -376,6 +376,7 @@ class Lock {
 
  private:
   friend class LockService;
+  friend class LeaseScheduler;  // a quorum lease's State holds an empty one
   Lock() = default;
   std::shared_ptr<LockService> service_;
   std::string resource_, key_, token_, lock_class_;

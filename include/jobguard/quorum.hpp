@@ -17,7 +17,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -113,7 +112,7 @@ class QuorumLock {
 
  private:
   friend class QuorumLockService;
-  friend class QuorumLease;
+  friend class LeaseScheduler;
   QuorumLock() = default;
   std::shared_ptr<QuorumLockService> service_;
   std::string resource_, key_, token_;
@@ -167,61 +166,30 @@ class QuorumLockService : public std::enable_shared_from_this<QuorumLockService>
   std::vector<redis::Client*> clients_;
   std::vector<std::string> addresses_;  // for messages written after a client may be gone
   KeyBuilder keys_;
-  // The service's own event loop (one thread) for retries, lease timers and
-  // loss callbacks: none of the instances' loops can be it, since an
+  // The service's own event loop (one thread) for retries, its own lease
+  // scheduler (QuorumLease::adopt) and loss callbacks: none of the instances' loops can be it, since an
   // instance's client may be destroyed while another's calls still complete.
   std::shared_ptr<void> loop_;
 };
 
-// A QuorumLock that renews itself on a majority and says the moment it is
-// lost, with the Lease contract (LeaseState, reason, stop_token, on_lost,
-// ensure): renewals every renew_every (default ttl/3), each sent to every
-// instance; the safe time is counted from the last renewal that a majority
-// acknowledged, minus the drift allowance. Lost as token_gone when more than
-// N - quorum instances say the token is no longer theirs (no majority can be
-// had any more), as expired when renewals keep failing until the safe time
-// runs out, as timed_out at the hard timeout. LeaseOptions::coalesce is not
-// used (each lease renews on its own timer); drift 0 = the lock's drift.
-// Destroying it releases the lock (blocking, except on an event-loop
-// thread). Threads: as Lease. The instances' clients must outlive the lease;
-// a renewal still in flight when it is destroyed touches no client.
-class QuorumLease {
+// A QuorumLock kept renewed on a majority: a Lease (<jobguard/lease.hpp>),
+// with its whole contract (LeaseState, reason, stop_token, on_lost, ensure,
+// release), renewed by the quorum service's own LeaseScheduler on the
+// service's own event loop. To renew quorum and single-server leases from
+// one scheduler, adopt the lock there instead (LeaseScheduler::adopt(QuorumLock),
+// which documents the renewals and the ways it is lost); a QuorumLease is a
+// Lease either way. on_lost runs on the scheduler's loop thread, where
+// blocking quorum calls are refused. Destroying it releases the lock
+// (blocking, except on an event-loop thread). The instances' clients must
+// outlive the lease; a renewal still in flight when it is destroyed touches
+// no client.
+class QuorumLease : public Lease {
  public:
   // Takes over a held lock (Error(invalid_argument) if it is not held).
   static QuorumLease adopt(QuorumLock lock, const LeaseOptions& opts = {});
 
-  QuorumLease(QuorumLease&&) noexcept;
-  QuorumLease& operator=(QuorumLease&&) noexcept;
-  ~QuorumLease();
-
-  const std::string& key() const noexcept;
-  const std::string& token() const noexcept;
-  const std::string& resource() const noexcept;
-  std::optional<std::int64_t> fence() const noexcept;
-
-  std::chrono::milliseconds safe_time_left() const noexcept;
-  std::chrono::steady_clock::time_point deadline() const noexcept;
-  void ensure(std::chrono::milliseconds min_left) const;
-  bool lost() const noexcept;
-  LeaseState state() const noexcept;
-  std::string reason() const;
-  std::uint64_t renewals() const noexcept;
-  std::stop_token stop_token() const noexcept;
-  // Runs once, on the service's own event-loop thread (blocking quorum
-  // calls are refused there), when the lease is lost (not on release);
-  // posted at once if it is already lost.
-  void on_lost(std::function<void(LeaseState, const std::string&)> fn);
-
-  // Stops renewing and releases on every instance. True if a majority still
-  // had our token. On an event-loop thread it sends the release without
-  // waiting and returns true.
-  bool release();
-
-  struct State;
-
  private:
-  explicit QuorumLease(std::shared_ptr<State> s) : s_(std::move(s)) {}
-  std::shared_ptr<State> s_;
+  explicit QuorumLease(Lease lease) : Lease(std::move(lease)) {}
 };
 
 }  // namespace jobguard

@@ -6,6 +6,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/system_executor.hpp>
+#include <stdexcept>
 
 #include "jobguard/error.hpp"
 #include "lock/lease_internal.hpp"
@@ -27,6 +28,13 @@ const char* to_string(LeaseState s) noexcept {
   return "?";
 }
 
+namespace detail {
+struct LeaseAccess {
+  static asio::any_io_executor executor(const Lease& l) { return l.s_->sched->impl_->timer.get_executor(); }
+};
+asio::any_io_executor lease_executor(const Lease& lease) { return LeaseAccess::executor(lease); }
+}  // namespace detail
+
 // --- Lease --------------------------------------------------------------------
 
 Lease::Lease(Lease&&) noexcept = default;
@@ -41,10 +49,12 @@ Lease::~Lease() {
   if (s_) release();
 }
 
-const std::string& Lease::key() const noexcept { return s_->lock.key(); }
-const std::string& Lease::token() const noexcept { return s_->lock.token(); }
-const std::string& Lease::resource() const noexcept { return s_->lock.resource(); }
-std::optional<std::int64_t> Lease::fence() const noexcept { return s_->lock.fence(); }
+const std::string& Lease::key() const noexcept { return s_->key(); }
+const std::string& Lease::token() const noexcept { return s_->token(); }
+const std::string& Lease::resource() const noexcept { return s_->resource(); }
+std::optional<std::int64_t> Lease::fence() const noexcept {
+  return s_->quorum ? s_->quorum->lock.fence() : s_->lock.fence();
+}
 LockService& Lease::service() const noexcept { return s_->sched->service(); }
 
 std::chrono::milliseconds Lease::safe_time_left() const noexcept {
@@ -61,7 +71,7 @@ Clock::time_point Lease::deadline() const noexcept {
 
 std::optional<Clock::time_point> Lease::hard_deadline() const noexcept {
   if (s_->opts.hard_timeout.count() <= 0) return std::nullopt;
-  return s_->lock.acquired_at() + s_->opts.hard_timeout;
+  return s_->acquired_at() + s_->opts.hard_timeout;
 }
 
 void Lease::ensure(std::chrono::milliseconds min_left) const {
@@ -70,8 +80,9 @@ void Lease::ensure(std::chrono::milliseconds min_left) const {
     const auto st = s_->state.load();
     throw Error(errc::lease_lost,
                 st != LeaseState::active ? reason()
-                                         : fmt::format("lease on {} has {} ms of safe time left, {} ms required",
-                                                       key(), left.count(), min_left.count()));
+                                         : fmt::format("{}lease on {} has {} ms of safe time left, {} ms required",
+                                                       s_->quorum ? "quorum " : "", key(), left.count(),
+                                                       min_left.count()));
   }
 }
 
@@ -93,7 +104,7 @@ void Lease::on_lost(std::function<void(LeaseState, const std::string&)> fn) {
   if (st != LeaseState::active && st != LeaseState::released) {
     const std::string why = s_->reason;
     g.unlock();
-    asio::post(s_->sched->service().client().get_executor(), [fn = std::move(fn), st, why] { fn(st, why); });
+    asio::post(s_->sched->impl_->timer.get_executor(), [fn = std::move(fn), st, why] { fn(st, why); });
     return;
   }
   s_->on_lost = std::move(fn);
@@ -104,7 +115,7 @@ std::function<bool()> Lease::when_ended(std::function<void(LeaseState)> fn) {
   if (s_->ended_with) {
     const LeaseState how = *s_->ended_with;
     g.unlock();
-    asio::post(s_->sched->service().client().get_executor(), [fn = std::move(fn), how] { fn(how); });
+    asio::post(s_->sched->impl_->timer.get_executor(), [fn = std::move(fn), how] { fn(how); });
     return [] { return false; };
   }
   const std::uint64_t id = s_->next_waiter++;
@@ -125,7 +136,7 @@ bool Lease::stop_for_release() {
   const bool was_active = s->state.compare_exchange_strong(expected, LeaseState::released);
   auto impl = s->sched->impl_;
   if (was_active) impl->active.fetch_sub(1);
-  asio::post(s->sched->service().client().get_executor(), [impl, s, was_active] {
+  asio::post(impl->timer.get_executor(), [impl, s, was_active] {
     s->tl.released();
     impl->unschedule(s);
     if (was_active) LeaseScheduler::Impl::end(*s, LeaseState::released);
@@ -133,6 +144,7 @@ bool Lease::stop_for_release() {
   if (!was_active) {
     s->lock.detach();
     for (auto& l : s->more) l.detach();
+    if (s->quorum) s->quorum->lock.detach();
   }
   return was_active;
 }
@@ -140,6 +152,7 @@ bool Lease::stop_for_release() {
 bool Lease::release() {
   // The handle stays usable (key(), reason()...) after release.
   if (!stop_for_release()) return false;
+  if (s_->quorum) return release_quorum();
   if (s_->sched->service().client().running_in_loop_thread()) {
     // Cannot block here: send the release now without waiting for the reply
     // (left to the Lock's destructor, it would wait for the last handle).
@@ -170,16 +183,26 @@ std::vector<Lock*> Lease::all_locks() const {
   return out;
 }
 
-std::size_t Lease::lock_count() const noexcept { return 1 + s_->more.size(); }
-const Lock& Lease::lock_at(std::size_t i) const { return i == 0 ? s_->lock : s_->more.at(i - 1); }
+std::size_t Lease::lock_count() const noexcept { return s_->quorum ? 0 : 1 + s_->more.size(); }
+const Lock& Lease::lock_at(std::size_t i) const {
+  if (i >= lock_count()) throw std::out_of_range("Lease::lock_at: no such lock");
+  return i == 0 ? s_->lock : s_->more[i - 1];
+}
+const QuorumLock* Lease::quorum_lock() const noexcept { return s_->quorum ? &s_->quorum->lock : nullptr; }
 
 void Lease::async_release(std::function<void(const Error&, bool)> done) {
   if (!stop_for_release()) {
-    auto ex = s_ ? s_->sched->service().client().get_executor() : asio::any_io_executor(asio::system_executor());
+    auto ex = s_ ? s_->sched->impl_->timer.get_executor() : asio::any_io_executor(asio::system_executor());
     asio::post(ex, [done = std::move(done)] {
       if (done) done(Error(), false);
     });
     return;
+  }
+  if (s_->quorum) {
+    const std::size_t quorum = s_->quorum->lock.service()->quorum();
+    return s_->quorum->lock.async_release([done = std::move(done), quorum](std::size_t n) {
+      if (done) done(Error(), n >= quorum);
+    });
   }
   if (s_->more.empty()) return s_->lock.async_release(std::move(done));
   struct Join {

@@ -18,9 +18,11 @@
 
 #include "jobguard/lease.hpp"
 #include "jobguard/observe/metrics.hpp"
+#include "jobguard/quorum.hpp"
 #include "lock/deadline_buckets.hpp"
 #include "lock/lease_timeline.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/quorum_internal.hpp"
 
 namespace jobguard {
 
@@ -40,11 +42,22 @@ struct Lease::State {
         coalesce(tl.config().coalesce),
         safe_until_ns(tl.safe_until().time_since_epoch().count()) {}
 
+  // A quorum lease's lock (LeaseScheduler::adopt(QuorumLock)) and its last
+  // renewal's answers (for the reason; loop thread only). The lease's own
+  // paths release it (or not, when lost): never the lock's destructor.
+  struct Quorum {
+    explicit Quorum(QuorumLock l) : lock(std::move(l)) {}
+    ~Quorum() { lock.detach(); }
+    QuorumLock lock;
+    detail::ExtendTally last;
+  };
+
   std::shared_ptr<LeaseScheduler> sched;
-  Lock lock;
+  Lock lock;  // empty (not held) for a quorum lease
   // The rest of a multi-lock's set (LeaseScheduler::adopt_all): renewed with
   // `lock` as one, and losing any of them loses the lease.
   std::vector<Lock> more;
+  std::unique_ptr<Quorum> quorum;  // set: a quorum lease, and `lock` is empty
   LeaseOptions opts;
   const MonotonicClock& clock;       // the scheduler's (= the service's)
   observe::LockClassMetrics& metrics;  // the lock's class in the scheduler's registry
@@ -71,6 +84,11 @@ struct Lease::State {
   // The scheduler's epoch generation this lease's epoch was last found equal
   // to (loop thread only; 0 = never).
   std::uint64_t epoch_same_gen = 0;
+
+  const std::string& key() const noexcept { return quorum ? quorum->lock.key() : lock.key(); }
+  const std::string& token() const noexcept { return quorum ? quorum->lock.token() : lock.token(); }
+  const std::string& resource() const noexcept { return quorum ? quorum->lock.resource() : lock.resource(); }
+  Clock::time_point acquired_at() const noexcept { return quorum ? quorum->lock.acquired_at() : lock.acquired_at(); }
 };
 
 // The scheduler's loop-thread state: the leases by their next deadline, the
@@ -139,6 +157,18 @@ struct LeaseScheduler::Impl {
   void send_renewal(const std::shared_ptr<Lease::State>& s);
   bool batchable(const Lease::State& s) const;
   void renewed(const std::shared_ptr<Lease::State>& s, const Error& e, bool ours);
+
+  // A quorum lease's renewal (quorum_lease.cpp): to every instance, the
+  // answers counted back on this loop.
+  void send_quorum_renewal(const std::shared_ptr<Lease::State>& s);
+  void quorum_renewed(const std::shared_ptr<Lease::State>& s, const detail::ExtendTally& t);
+  // Why a quorum lease was lost, naming the majority and the instances.
+  static std::string quorum_why_lost(const Lease::State& s, LeaseState st);
+  // A scheduler of quorum leases only, on `ex` (a QuorumLockService's loop).
+  static std::shared_ptr<LeaseScheduler> for_quorum(boost::asio::io_context& loop);
+  boost::asio::io_context* own_loop = nullptr;  // for_quorum's
+  // Whether the calling thread is the one the scheduler's renewals run on.
+  bool on_loop() const;
 };
 
 }  // namespace jobguard

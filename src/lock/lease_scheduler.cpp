@@ -80,7 +80,7 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
   std::string why;
   {
     std::lock_guard<std::mutex> g(s->mu);
-    s->reason = fmt::format("lease on {} lost: {}", keys_text(*s), s->tl.reason());
+    s->reason = s->quorum ? quorum_why_lost(*s, st) : fmt::format("lease on {} lost: {}", keys_text(*s), s->tl.reason());
     why = s->reason;
     cb = std::move(s->on_lost);
     s->on_lost = nullptr;
@@ -89,12 +89,12 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
   s->metrics.leases_lost_total.inc();
   // The timeline's record, with the key and holder the counter cannot carry
   // (a hard timeout is the job's own deadline, not an incident).
-  if (st == LeaseState::token_gone || st == LeaseState::expired)
+  if ((st == LeaseState::token_gone || st == LeaseState::expired) && !s->quorum)
     if (auto self = owner.lock())
       admin::record_incident(self->service().client(), self->service().keys(),
                              {.kind = "lease_lost", .resource = s->lock.resource(),
                               .job = token_owner(s->lock.token()), .lock_class = s->lock.lock_class(), .detail = why});
-  s->metrics.hold_seconds.observe(clock.now() - s->lock.acquired_at());
+  s->metrics.hold_seconds.observe(clock.now() - s->acquired_at());
   // A multi-lock's holds are per key, as its grants and releases are.
   for (const auto& l : s->more) s->metrics.hold_seconds.observe(clock.now() - l.acquired_at());
   lost.fetch_add(1);
@@ -110,6 +110,11 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
 }
 
 void LeaseScheduler::Impl::release_timed_out(const std::shared_ptr<Lease::State>& s) {
+  if (s->quorum) {
+    const QuorumLock& q = s->quorum->lock;
+    const auto& svc = *q.service();
+    return detail::release_all(svc, q.key(), svc.keys().channel(q.resource()), q.token(), q.instance_timeout_, nullptr);
+  }
   auto self = owner.lock();
   if (!self) return;
   auto one = [&](const Lock& l) {
@@ -239,6 +244,7 @@ void LeaseScheduler::Impl::send_renewals(std::vector<std::shared_ptr<Lease::Stat
 }
 
 void LeaseScheduler::Impl::send_renewal(const std::shared_ptr<Lease::State>& s) {
+  if (s->quorum) return send_quorum_renewal(s);
   auto self = owner.lock();
   if (!self) return;
   if (s->more.empty())
@@ -273,8 +279,8 @@ void LeaseScheduler::Impl::send_renewal(const std::shared_ptr<Lease::State>& s) 
 
 bool LeaseScheduler::Impl::batchable(const Lease::State& s) const {
   // A permit or a read-write lock holder renews by its own script
-  // (sem_extend.lua), one by one.
-  return s.lock.confirmation().replicas == 0 && s.lock.permits() == 0 && s.lock.mode() == LockMode::mutex &&
+  // (sem_extend.lua), one by one; a quorum lease on every instance.
+  return !s.quorum && s.lock.confirmation().replicas == 0 && s.lock.permits() == 0 && s.lock.mode() == LockMode::mutex &&
          s.more.empty() &&
          !s.sched->service().client().options().cluster;
 }
@@ -317,7 +323,23 @@ LeaseScheduler::LeaseScheduler(std::shared_ptr<LockService> service, const Lease
       impl_(std::make_shared<Impl>(service_->client().get_executor(), service_->clock(),
                                    o.metrics ? *o.metrics : service_->metrics_registry())) {}
 
+LeaseScheduler::LeaseScheduler(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 LeaseScheduler::~LeaseScheduler() = default;
+
+std::shared_ptr<LeaseScheduler> LeaseScheduler::Impl::for_quorum(asio::io_context& loop) {
+  auto impl = std::make_shared<Impl>(loop.get_executor(), MonotonicClock::steady(), observe::Registry::global());
+  impl->own_loop = &loop;
+  auto s = std::shared_ptr<LeaseScheduler>(new LeaseScheduler(impl));
+  impl->owner = s;
+  return s;
+}
+
+bool LeaseScheduler::Impl::on_loop() const {
+  if (own_loop) return own_loop->get_executor().running_in_this_thread();
+  auto self = owner.lock();
+  return self && self->service().client().running_in_loop_thread();
+}
 
 std::shared_ptr<LeaseScheduler> LeaseScheduler::create(std::shared_ptr<LockService> service,
                                                        LeaseSchedulerOptions options) {

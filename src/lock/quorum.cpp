@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "jobguard/redis/client.hpp"
+#include "lock/lease_internal.hpp"
 #include "lock/quarantine.hpp"
 #include "lock/quorum_internal.hpp"
 
@@ -49,6 +50,10 @@ const redis::Script& script_extend() {
 struct QuorumLoop {
   std::shared_ptr<asio::io_context> ctx = std::make_shared<asio::io_context>(1);
   asio::executor_work_guard<asio::io_context::executor_type> guard{ctx->get_executor()};
+  // QuorumLease::adopt's, made on first use. Declared after ctx: its timer
+  // is gone before the context is let go.
+  std::mutex mu;
+  std::shared_ptr<LeaseScheduler> sched;
   QuorumLoop() { std::thread([c = ctx] { c->run(); }).detach(); }
   ~QuorumLoop() {
     guard.reset();
@@ -168,6 +173,13 @@ std::chrono::milliseconds quorum_drift(std::chrono::milliseconds ttl, double clo
 
 asio::io_context& QuorumLockService::Impl::loop(const QuorumLockService& s) {
   return *static_cast<QuorumLoop*>(s.loop_.get())->ctx;
+}
+
+std::shared_ptr<LeaseScheduler> QuorumLockService::Impl::scheduler(const QuorumLockService& s) {
+  auto& l = *static_cast<QuorumLoop*>(s.loop_.get());
+  std::lock_guard<std::mutex> lk(l.mu);
+  if (!l.sched) l.sched = LeaseScheduler::Impl::for_quorum(*l.ctx);
+  return l.sched;
 }
 
 bool QuorumLockService::Impl::in_any_loop(const QuorumLockService& s) {

@@ -1,11 +1,13 @@
-// Shared by quorum.cpp (the quorum lock) and quorum_lease.cpp (its lease):
-// the calls to every instance and the service's own event loop.
+// Shared by quorum.cpp (the quorum lock), quorum_lease.cpp and the lease
+// scheduler (its lease): the calls to every instance and the service's own
+// event loop.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "jobguard/quorum.hpp"
@@ -16,6 +18,9 @@ struct QuorumLockService::Impl {
   static boost::asio::io_context& loop(const QuorumLockService& s);
   // Blocking here would deadlock: the reply is delivered on one of these.
   static bool in_any_loop(const QuorumLockService& s);
+  // The scheduler QuorumLease::adopt renews on (quorum_lease.cpp), on the
+  // service's own loop; made on first use.
+  static std::shared_ptr<LeaseScheduler> scheduler(const QuorumLockService& s);
   // One acquire: its attempts, their undo, the backoff between them (quorum.cpp).
   struct Acquire;
 };

@@ -13,6 +13,9 @@
 #include <sstream>
 #include <thread>
 
+#include <boost/asio/use_future.hpp>
+
+#include "jobguard/async.hpp"
 #include "jobguard/quorum.hpp"
 #include "jobguard/redis/client.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
@@ -325,6 +328,47 @@ TEST_F(QuorumTest, LeaseHardTimeoutStopsAndFreesIt) {
   ASSERT_TRUE(eventually([&] { return lease.lost(); }, 5s));
   EXPECT_EQ(lease.state(), LeaseState::timed_out);
   EXPECT_TRUE(eventually([&] { return existing() == 0; }, 5s));
+}
+
+// One scheduler, one deadline queue: a single-server lease on one server and
+// a quorum lease over all three renewed together, each heard through the same
+// Lease calls, and the quorum's loss leaves the single-server lease alone.
+TEST_F(QuorumTest, OneSchedulerRenewsAQuorumLeaseAndASingleServerLeaseTogether) {
+  auto sched = LeaseScheduler::create(LockService::create(*clients[0]));
+  auto one = sched->acquire("q:single", LockOptions{.ttl = 600ms, .fence = true});
+  auto both = sched->acquire(*svc, resource(), QuorumOptions{.ttl = 600ms, .fence = true, .instance_timeout = 200ms});
+  ASSERT_TRUE(one && both);
+  EXPECT_EQ(one->quorum_lock(), nullptr);
+  ASSERT_NE(both->quorum_lock(), nullptr);
+  EXPECT_EQ(both->lock_count(), 0u);
+  EXPECT_EQ(sched->stats().active, 2u);
+  auto ended = async_wait_lost(*both, boost::asio::use_future);
+  std::atomic<int> lost_calls{0};
+  for (Lease* l : {&*one, &*both}) {
+    EXPECT_TRUE(l->fence());
+    l->on_lost([&](LeaseState, const std::string&) { ++lost_calls; });
+  }
+  // Renewed past several TTLs, both from the same queue.
+  ASSERT_TRUE(eventually([&] { return one->renewals() >= 4 && both->renewals() >= 4; }, 10s))
+      << one->reason() << both->reason();
+  EXPECT_GE(sched->stats().renewals_sent, 8u);
+  for (Lease* l : {&*one, &*both}) EXPECT_NO_THROW(l->ensure(1ms)) << l->key();
+  EXPECT_EQ(holding(both->token()), 3u);
+  admin(0, "SET " + key() + " stranger PX 10000");
+  admin(1, "SET " + key() + " stranger PX 10000");
+  ASSERT_EQ(ended.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(ended.get(), LeaseState::token_gone);
+  EXPECT_TRUE(both->stop_token().stop_requested());
+  EXPECT_NE(both->reason().find("no longer ours"), std::string::npos) << both->reason();
+  EXPECT_TRUE(eventually([&] { return lost_calls.load() == 1; }));
+  const auto r = one->renewals();
+  ASSERT_TRUE(eventually([&] { return one->renewals() >= r + 2; }, 10s)) << one->reason();
+  EXPECT_FALSE(one->lost());
+  EXPECT_EQ(sched->stats().active, 1u);
+  EXPECT_EQ(sched->stats().lost, 1u);
+  EXPECT_TRUE(one->release());
+  EXPECT_FALSE(both->release()) << "a lost lease released";
+  EXPECT_EQ(lost_calls.load(), 1);
 }
 
 TEST_F(QuorumTest, FencesIncreaseStrictlyAcrossHolders) {
