@@ -35,14 +35,15 @@ bool StateGate::clock_sample(std::int64_t server_us, std::chrono::steady_clock::
 bool StateGate::node_clock_sample(const std::string& node, std::int64_t server_us,
                                   std::chrono::steady_clock::time_point sent,
                                   std::chrono::steady_clock::time_point received) {
-  auto& w = node_watch_.try_emplace(node, NodeWatch{ClockWatch(max_ttl_), 0}).first->second;
-  // As on one server: a new connection may reach another process at this
-  // address (a restarted node), whose clock is a new baseline.
-  if (const auto m = mark(); m != w.mark) {
-    w.watch.reset();
-    w.mark = m;
-  }
-  return judge(w.watch.observe(server_us, sent, received), node);
+  // Unlike one server's watch, a node's is not started again when the client
+  // connects anew: on a cluster any first connection to any node counts as
+  // one (the fleet's key, a lease's node, a probe), and a step that fell
+  // before such a connect went unseen. A node is its address, so a failover
+  // to another host is another watch, and a process restarted at the same
+  // address reads the same host's clock (the lock-state check judges the
+  // restart itself).
+  auto& w = node_watch_.try_emplace(node, ClockWatch(max_ttl_)).first->second;
+  return judge(w.observe(server_us, sent, received), node);
 }
 
 bool StateGate::judge(std::chrono::microseconds step, const std::string& node) {
@@ -157,19 +158,19 @@ void StateGate::probe_cluster() {
     std::size_t left;
   };
   auto round = std::make_shared<Round>(Round{last_->shards.size()});
-  const auto sent_mark = mark();
   for (const auto& s : last_->shards) {
     redis::CallOptions on;
     on.node = s.node.address;
     const auto sent = std::chrono::steady_clock::now();
     client_.async_exec(
         redis::Command{"TIME"},
-        [w = weak_from_this(), round, sent, sent_mark, node = s.node.address](std::error_code ec, redis::Reply r) {
+        [w = weak_from_this(), round, sent, node = s.node.address](std::error_code ec, redis::Reply r) {
           auto self = w.lock();
           if (!self) return;
+          // Asked of this node by its address: the reply is its clock,
+          // whichever connection (even one this probe opened) carried it.
           const auto t = time_reply_us(r);
-          if (!ec && t && self->mark() == sent_mark)
-            self->node_clock_sample(node, *t, sent, std::chrono::steady_clock::now());
+          if (!ec && t) self->node_clock_sample(node, *t, sent, std::chrono::steady_clock::now());
           if (--round->left == 0) self->arm_probe();
         },
         on);

@@ -185,13 +185,9 @@ class StateGate : public std::enable_shared_from_this<StateGate> {
   std::uint64_t clock_gen_ = 0, clock_steps_ = 0;
   std::int64_t pending_step_ms_ = 0;  // found, not yet written to the record
   std::string pending_step_node_;     // on a cluster: the primary whose record it goes to
-  // A cluster's primaries' watches, by address; a node's samples from one
-  // connection generation (the client's connects when taken).
-  struct NodeWatch {
-    ClockWatch watch;
-    std::uint64_t mark = 0;
-  };
-  std::map<std::string, NodeWatch> node_watch_;
+  // A cluster's primaries' watches, by address (clock_probe.cpp says why a
+  // new connection does not start a node's watch again).
+  std::map<std::string, ClockWatch> node_watch_;
   const std::chrono::milliseconds clock_probe_;
   std::chrono::steady_clock::time_point touched_{};
   bool probing_ = false;

@@ -85,7 +85,12 @@ TEST_F(ClusterWorker, JobsOnEveryShardRunOnceAFailingOneIsDeadLetteredAndTheFlee
 
   const auto st = worker.stats();
   EXPECT_EQ(st.completed, kUnits);
-  EXPECT_EQ(st.skipped, kUnits * (kCopies - 1)) << "the copies found the completion record";
+  // Every copy found the record: of the 2 x 30 messages 30 completed, none
+  // ran twice (runs below) and none is left pending, so each other one was a
+  // skip. `skipped` counts deliveries, and a delivery still in flight after
+  // claim_idle (a loaded host) is delivered again and skipped once more: at
+  // least one skip per copy, not exactly one.
+  EXPECT_GE(st.skipped, kUnits * (kCopies - 1)) << "the copies found the completion record";
   EXPECT_EQ(st.dead_lettered, 1);
   EXPECT_EQ(producer.pending_count(), 0);
   {
