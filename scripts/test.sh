@@ -58,6 +58,11 @@ bash scripts/build.sh "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FL
 echo "== build (TSan, what the concurrency tests need; fuzz harnesses), in the background ($(date +%T))"
 # Its own process group (setsid), so the EXIT trap stops ninja and the
 # compilers too, not only the shell that started them.
+# A new session (setsid) is a new scheduling autogroup where the kernel has
+# them (sched_autogroup_enabled): CPU is then shared between the groups, and
+# nice only orders the processes inside one, so a background group at nice 19
+# took as much CPU as the tests' own session. Each background group's own
+# nice is lowered too (/proc/self/autogroup).
 # The TSan tree is also the Redis-only build (no PostgreSQL: no tsan test
 # needs it): every part the tsan tests link (lock, guard, job, ops) and the
 # CLI's side of its PostgreSQL seam compile without libpq/libpqxx, and no
@@ -65,6 +70,7 @@ echo "== build (TSan, what the concurrency tests need; fuzz harnesses), in the b
 # there: a tenth of CI's time for what the seam already shows.)
 setsid nice -n 19 bash -c '
   set -euo pipefail
+  echo 19 >/proc/self/autogroup 2>/dev/null || true  # see above
   cmake -S "$1" -B "$1/build-tsan" -G Ninja -DJOBGUARD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DJOBGUARD_SANITIZE=thread -DJOBGUARD_BUILD_BENCH=OFF \
     -DJOBGUARD_WITH_POSTGRES=OFF "${@:2}" >/dev/null
@@ -79,6 +85,7 @@ background=$!
 echo "== Debian package: build, install, test, remove; in the background ($(date +%T))"
 setsid nice -n 19 bash -c '
   set -euo pipefail
+  echo 19 >/proc/self/autogroup 2>/dev/null || true  # see above
   bash "$1/scripts/package.sh"
   bash "$1/scripts/package-test.sh"
 ' _ "$root" >"$root/build-package.log" 2>&1 &
