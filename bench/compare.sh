@@ -58,10 +58,11 @@ url=redis://127.0.0.1:$port/0
 # A server this script has just started empty: recorded as having kept its
 # lock state (`jobguard server trust`, what trust_new_server does), or
 # its first grants would wait out the data-loss quarantine (docs/lock-safety.md).
-# Emptied between runs (a FLUSHALL is lost lock state too), then trusted again.
+# Emptied between runs (a FLUSHALL is lost lock state too), then trusted again,
+# forced: trust refuses a server whose command stats show a FLUSHALL.
 fresh() {
   redis-cli -p "$port" flushall >/dev/null
-  "$jg" --redis "redis://127.0.0.1:$port/0" server trust --reason "bench/compare.sh: a server it started" >/dev/null
+  "$jg" --redis "redis://127.0.0.1:$port/0" server trust --force --reason "bench/compare.sh: a server it started and emptied" >/dev/null
 }
 fresh
 if [ "$jobs" -gt 0 ]; then

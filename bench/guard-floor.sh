@@ -60,7 +60,7 @@ for r in $(seq "$rounds"); do
   bench="null"
   if [ -n "$bin" ]; then
     cli FLUSHALL >/dev/null
-    "$bin" --redis "redis://127.0.0.1:$port/0" server trust --reason "bench/guard-floor.sh: a server it started" >/dev/null
+    "$bin" --redis "redis://127.0.0.1:$port/0" server trust --force --reason "bench/guard-floor.sh: a server it started and emptied" >/dev/null
     bench=$($client_cpu "$bin" --redis "redis://127.0.0.1:$port/0" --json bench --jobs "$jobs" --concurrency 64) ||
       { echo "guard-floor.sh: $bin bench failed" >&2; exit 70; }
   fi

@@ -33,7 +33,7 @@ for _ in $(seq 50); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep
 for round in $(seq "$runs"); do
   for b in "${bins[@]}"; do
     redis-cli -p "$port" FLUSHALL >/dev/null
-    "${JOBGUARD:-$root/build/apps/jobguard/jobguard}" --redis "redis://127.0.0.1:$port/0" server trust --reason "bench: a server it started" >/dev/null
+    "${JOBGUARD:-$root/build/apps/jobguard/jobguard}" --redis "redis://127.0.0.1:$port/0" server trust --force --reason "bench: a server it started and emptied" >/dev/null
     redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
     cpu0=$(redis-cli -p "$port" INFO cpu)
     out=$(taskset -c 1 "$b" --redis "redis://127.0.0.1:$port/0" --json bench --jobs "$jobs" --concurrency "$concurrency")
