@@ -32,7 +32,24 @@ status=0
 
 run_suite() {  # dir [ctest args...]
   local dir=$1; shift
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 300 "$@"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 300 "$@" || { digest+=("$dir"); return 1; }
+}
+
+# The failed tests' own words again, at the end of the output: a CI log is
+# often read from its tail, and the suite's later stages push a failure's
+# output far up.
+digest=()
+print_digest() {
+  local dir name
+  for dir in "${digest[@]}"; do
+    [ -f "$dir/Testing/Temporary/LastTestsFailed.log" ] || continue
+    while IFS=: read -r _ name; do
+      echo "-- failed: $name ($dir)"
+      awk -v t="Testing: $name" '$0 ~ t"$" {on=1; next} on && /^<end of output>/ {exit} on' \
+        "$dir/Testing/Temporary/LastTest.log" |
+        grep -E -A8 "Failure|ERROR|runtime error|Sanitizer|Timeout|terminate" | head -n 80 || true
+    done <"$dir/Testing/Temporary/LastTestsFailed.log"
+  done
 }
 
 if [ "${JOBGUARD_TEST_QUICK:-0}" = 1 ]; then
@@ -40,6 +57,7 @@ if [ "${JOBGUARD_TEST_QUICK:-0}" = 1 ]; then
   bash scripts/build.sh "$root/build"
   echo "== test ($(date +%T))"
   run_suite "$root/build" || status=1
+  print_digest
   echo "== done ($(date +%T))"
   exit $status
 fi
@@ -118,5 +136,6 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_suite "$root/build-tsan
 
 echo "== fuzz (30 s per harness, two at a time) ($(date +%T))"
 bash scripts/fuzz.sh 30 || status=1
+print_digest
 echo "== done ($(date +%T))"
 exit $status
