@@ -64,12 +64,14 @@ fi
 
 # The sanitized trees link ~100 test binaries of up to 300 MB each: lld links
 # them in half ld.bfd's time. The package and the user's builds keep the default.
-lld=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld)
+# Both also compile the library, the CLI and the bench harness as unity
+# batches (JOBGUARD_UNITY_BUILD): half the compile time of those parts.
+sanitized_tree=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld -DJOBGUARD_UNITY_BUILD=ON)
 # Line tables only (-g1): sanitizer reports keep file:line, and the build
 # writes a fraction of the debug information.
 echo "== build (Debug, ASan+UBSan, -Werror) ($(date +%T))"
 bash scripts/build.sh "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-  "-DJOBGUARD_SANITIZE=address;undefined" "${lld[@]}"
+  "-DJOBGUARD_SANITIZE=address;undefined" "${sanitized_tree[@]}"
 # The suite spends much of its time waiting on servers and child processes:
 # the TSan and fuzz builds use the idle cores meanwhile, at the lowest
 # priority so the tests keep theirs. They die with this script.
@@ -98,7 +100,7 @@ setsid nice -n 19 bash -c '
     exit 1
   fi
   echo "Redis-only build: lock, guard, job, ops and the CLI seam without libpq/libpqxx"
-  JOBGUARD_FUZZ_BUILD_ONLY=1 bash "$1/scripts/fuzz.sh"' _ "$root" "${lld[@]}" >"$root/build-background.log" 2>&1 &
+  JOBGUARD_FUZZ_BUILD_ONLY=1 bash "$1/scripts/fuzz.sh"' _ "$root" "${sanitized_tree[@]}" >"$root/build-background.log" 2>&1 &
 background=$!
 echo "== Debian package: build, install, test, remove; in the background ($(date +%T))"
 setsid nice -n 19 bash -c '

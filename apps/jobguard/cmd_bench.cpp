@@ -171,7 +171,9 @@ int run_bench(const Globals& g, const BenchArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+}  // namespace
+
+void add_bench(CLI::App& root, Globals& g, Commands& out) {
   auto args = std::make_shared<BenchArgs>();
   auto* sub = root.add_subcommand("bench", "Measure acquire+release throughput against the raw commands");
   sub->footer(exit_status_help("Exit status: 0 measured."));
@@ -225,7 +227,4 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   });
 }
 
-}  // namespace
-
-void add_bench(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

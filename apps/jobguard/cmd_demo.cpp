@@ -248,7 +248,9 @@ int demo(CLI::App* root, const Globals& g, const DemoArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, Commands& out) {
+}  // namespace
+
+void add_demo(CLI::App& root, Globals& g, Commands& out) {
   auto* sub = root.add_subcommand("demo", "Run the billing scenario, guarded beside naive, with injected faults");
   auto args = std::make_shared<DemoArgs>();
   sub->add_option("--workers", args->workers, "Worker threads per run")->capture_default_str()->check(CLI::Range(1, 256));
@@ -276,7 +278,4 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   out.emplace_back(sub, [rootp, &g, args] { return demo(rootp, g, *args); });
 }
 
-}  // namespace
-
-void add_demo(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

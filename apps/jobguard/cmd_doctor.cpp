@@ -93,7 +93,9 @@ int run_doctor(const Globals& g, const DoctorArgs& a) {
   return doctor_exit::failures;
 }
 
-void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+}  // namespace
+
+void add_doctor(CLI::App& root, Globals& g, Commands& out) {
   auto a = std::make_shared<DoctorArgs>();
   auto* doc = root.add_subcommand("doctor", "Check that Redis (and PostgreSQL) are fit for locks");
   doc->footer(exit_status_help(kDoctorHelp));
@@ -106,7 +108,4 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(doc, [&g, a] { return run_doctor(g, *a); });
 }
 
-}  // namespace
-
-void add_doctor(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -245,7 +245,9 @@ int run_audit(const Globals& g, const LocksArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+}  // namespace
+
+void add_locks(CLI::App& root, Globals& g, Commands& out) {
   auto a = std::make_shared<LocksArgs>();
   auto* locks = root.add_subcommand("locks", "Live locks: ls, show, release (force), audit");
   locks->footer(exit_status_help(kLocksHelp));
@@ -298,7 +300,4 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(audit, [&g, a] { return run_audit(g, *a); });
 }
 
-}  // namespace
-
-void add_locks(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -46,7 +46,9 @@ int run_migrate(const Globals& g, const PgArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+}  // namespace
+
+void add_pg(CLI::App& root, Globals& g, Commands& out) {
   auto args = std::make_shared<PgArgs>();
   // Kept in a Redis-only build, so that `pg migrate` is refused as such (78),
   // not as an unknown command (64).
@@ -66,7 +68,4 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(mig, [&g, args] { return run_migrate(g, *args); });
 }
 
-}  // namespace
-
-void add_pg(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

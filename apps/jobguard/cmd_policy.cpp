@@ -131,7 +131,9 @@ int run_doc(const Globals& g, const PolicyArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+}  // namespace
+
+void add_policy(CLI::App& root, Globals& g, Commands& out) {
   auto a = std::make_shared<PolicyArgs>();
   auto* policy = root.add_subcommand("policy", "The lock catalog: lint, doc");
   policy->footer(exit_status_help(kPolicyHelp));
@@ -158,7 +160,4 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   out.emplace_back(doc, [&g, a] { return run_doc(g, *a); });
 }
 
-}  // namespace
-
-void add_policy(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -163,7 +163,6 @@ struct RunArgs {
   std::vector<std::string> cmd;
 };
 
-
 // Log lines on stderr: problems always, every event when the user asked for
 // a log format explicitly. Main thread only.
 struct Reporter {
@@ -358,7 +357,9 @@ class Runner {
   Reporter& rep_;
 };
 
-void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& out) {
+}  // namespace
+
+void add_run(CLI::App& root, Globals& g, Commands& out) {
   auto args = std::make_shared<RunArgs>();
   auto* sub = root.add_subcommand("run", "Run CMD while holding a Redis lock (a distributed flock)");
   sub->footer(exit_status_help(kRunHelp));
@@ -408,7 +409,4 @@ void add(CLI::App& root, Globals& g, std::vector<std::pair<CLI::App*, Action>>& 
   });
 }
 
-}  // namespace
-
-void add_run(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -151,7 +151,9 @@ int serve(const Globals& g, const ServeArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, Commands& out) {
+}  // namespace
+
+void add_serve(CLI::App& root, Globals& g, Commands& out) {
   auto* sub = root.add_subcommand("serve", "Serve lock metrics and the live dashboard until SIGINT/SIGTERM");
   auto a = std::make_shared<ServeArgs>();
   sub->add_option("--listen", a->listen, "HOST:PORT to listen on; [IPv6]:PORT; port 0 picks a free one")
@@ -182,7 +184,4 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   out.emplace_back(sub, [&g, a] { return serve(g, *a); });
 }
 
-}  // namespace
-
-void add_serve(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -128,7 +128,9 @@ int run_trust(const Globals& g, const TrustArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, Commands& out) {
+}  // namespace
+
+void add_server(CLI::App& root, Globals& g, Commands& out) {
   auto* server = root.add_subcommand("server", "Operations on the lock Redis itself (server trust)");
   server->require_subcommand(1);
   server->fallthrough();
@@ -145,7 +147,4 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   out.emplace_back(trust, reported("server trust", [&g, a] { return run_trust(g, *a); }));
 }
 
-}  // namespace
-
-void add_server(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

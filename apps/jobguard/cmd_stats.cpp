@@ -25,7 +25,6 @@ struct StatsArgs {
   std::string prefix = "jobguard";
 };
 
-
 std::string ms_text(std::optional<double> seconds) {
   if (!seconds) return "-";
   const double ms = *seconds * 1000;
@@ -81,7 +80,9 @@ int stats(const Globals& g, const StatsArgs& a) {
   return exit_code::ok;
 }
 
-void add(CLI::App& root, Globals& g, Commands& out) {
+}  // namespace
+
+void add_stats(CLI::App& root, Globals& g, Commands& out) {
   auto* sub = root.add_subcommand("stats", "Print the fleet's lock numbers per class (as published to Redis)");
   auto a = std::make_shared<StatsArgs>();
   sub->add_option("--window", a->window, "1m, 5m, 15m or 60m")->capture_default_str();
@@ -95,7 +96,4 @@ void add(CLI::App& root, Globals& g, Commands& out) {
   out.emplace_back(sub, [&g, a] { return stats(g, *a); });
 }
 
-}  // namespace
-
-void add_stats(CLI::App& root, Globals& g, Commands& out) { add(root, g, out); }
 }  // namespace jobguard::cli

@@ -5,6 +5,7 @@
 #include "jobguard/detail/identity.hpp"
 #include "guard/async_internal.hpp"
 #include "jobguard/detail/guard_scripts.hpp"
+#include "jobguard/detail/completion_parts.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/idempotency.hpp"
 #include "jobguard/redis/client.hpp"
@@ -12,9 +13,7 @@
 namespace jobguard::guard {
 namespace {
 
-std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
-  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
-}
+using detail::from_ms;
 
 std::int64_t as_int(const redis::Reply& r) {
   if (r.is_integer()) return r.integer;

@@ -294,8 +294,8 @@ std::vector<LockStateRecord> lock_state_records(redis::Client& client) {
   // Every primary's own record, the one StateGate::check_cluster reads.
   std::promise<std::vector<redis::PrimaryShard>> p;
   auto f = p.get_future();
-  client.async_primaries([&p](std::error_code ec, const std::string& why, std::vector<redis::PrimaryShard> s) {
-    if (ec) p.set_exception(std::make_exception_ptr(Error(ec, why, error_source::redis)));
+  client.async_primaries([&p](const Error& err, std::vector<redis::PrimaryShard> s) {
+    if (err) p.set_exception(std::make_exception_ptr(err));
     else p.set_value(std::move(s));
   });
   std::vector<LockStateRecord> out;

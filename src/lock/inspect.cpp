@@ -21,6 +21,19 @@ const redis::Script& inspect_script() {
   return s;
 }
 
+std::optional<std::int64_t> reply_int(const redis::Reply& r) {
+  if (r.is_integer()) return r.integer;
+  if (!r.is_string()) return std::nullopt;
+  try {
+    std::size_t pos = 0;
+    const auto v = std::stoll(r.str, &pos);
+    if (pos != r.str.size()) return std::nullopt;
+    return v;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 namespace {
 std::optional<std::int64_t> to_int(const std::string& s) {
   std::int64_t v = 0;

@@ -267,9 +267,8 @@ void StateGate::check() {
 // or failed over is found by its own record, whichever shard the lock-state
 // key of one server would have landed on.
 void StateGate::check_cluster(std::uint64_t sent_mark) {
-  client_.async_primaries([self = shared_from_this(), sent_mark](std::error_code ec, const std::string& why,
-                                                                 std::vector<redis::PrimaryShard> nodes) {
-    if (ec) return self->settle(ec, why, ms(0));
+  client_.async_primaries([self = shared_from_this(), sent_mark](const Error& err, std::vector<redis::PrimaryShard> nodes) {
+    if (err) return self->settle(err.code(), std::string(err.detail()), ms(0));
     struct Round {
       std::vector<ShardCheck> shards;
       std::vector<std::pair<std::error_code, redis::Reply>> replies;

@@ -7,6 +7,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/inspect_internal.hpp"
 #include "lock/rwlock_internal.hpp"
 #include "lock/scan_internal.hpp"
 
@@ -30,23 +31,11 @@ const redis::Script& rw_release_script() {
 }  // namespace detail
 
 namespace {
-const redis::Script& inspect_script() {
+const redis::Script& rw_inspect_script() {
   static const redis::Script s{std::string(lock_scripts::rw_inspect)};
   return s;
 }
 
-std::optional<std::int64_t> to_int(const redis::Reply& r) {
-  if (r.is_integer()) return r.integer;
-  if (!r.is_string()) return std::nullopt;
-  try {
-    std::size_t pos = 0;
-    const auto v = std::stoll(r.str, &pos);
-    if (pos != r.str.size()) return std::nullopt;
-    return v;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
 }  // namespace
 
 RwLockInfo inspect_rwlock(LockService& svc, std::string_view resource) {
@@ -60,7 +49,7 @@ RwLockInfo inspect_rwlock(LockService& svc, std::string_view resource) {
   info.writer_key = k.rw_writer_key(resource);
   redis::Reply r;
   try {
-    r = svc.client().eval(inspect_script(),
+    r = svc.client().eval(rw_inspect_script(),
                           {info.readers_key, info.writer_key, k.fence_key(resource), k.rw_line_expiry_key(resource),
                            k.rw_writers_line_key(resource)},
                           {});
@@ -74,19 +63,19 @@ RwLockInfo inspect_rwlock(LockService& svc, std::string_view resource) {
   constexpr std::size_t kHead = 6;
   if (!r.is_array() || r.elements.size() < kHead) throw bad();
   const auto& e = r.elements;
-  info.server_time_ms = to_int(e[0]).value_or(0);
-  info.fence = to_int(e[1]);
-  info.waiters = to_int(e[2]).value_or(0);
-  info.waiting_writers = to_int(e[3]).value_or(0);
-  if (const auto first = to_int(e[4]).value_or(-1); first >= 0)
+  info.server_time_ms = detail::reply_int(e[0]).value_or(0);
+  info.fence = detail::reply_int(e[1]);
+  info.waiters = detail::reply_int(e[2]).value_or(0);
+  info.waiting_writers = detail::reply_int(e[3]).value_or(0);
+  if (const auto first = detail::reply_int(e[4]).value_or(-1); first >= 0)
     info.writer_waiting = std::chrono::milliseconds(std::max<std::int64_t>(0, info.server_time_ms - first));
-  const auto writers = static_cast<std::size_t>(to_int(e[5]).value_or(0));
+  const auto writers = static_cast<std::size_t>(detail::reply_int(e[5]).value_or(0));
   if ((e.size() - kHead) % 2 != 0 || writers * 2 > e.size() - kHead) throw bad();
   for (std::size_t i = kHead; i + 1 < e.size(); i += 2) {
     RwHolder h;
     h.token = e[i].str;
     h.holder = token_owner(h.token);
-    h.ttl_left = std::chrono::milliseconds(to_int(e[i + 1]).value_or(0) - info.server_time_ms);
+    h.ttl_left = std::chrono::milliseconds(detail::reply_int(e[i + 1]).value_or(0) - info.server_time_ms);
     if (i < kHead + writers * 2) info.writer = std::move(h);
     else info.readers.push_back(std::move(h));
   }
@@ -131,8 +120,8 @@ admin::ForceReleaseResult force_release_rw(LockService& svc, std::string_view re
   }
   if (r.elements.size() != 5) throw bad();
   out.outcome = admin::ForceReleaseResult::Outcome::released;
-  out.ttl_left = std::chrono::milliseconds(to_int(r.elements[2]).value_or(0));
-  out.new_fence = to_int(r.elements[3]).value_or(0);
+  out.ttl_left = std::chrono::milliseconds(detail::reply_int(r.elements[2]).value_or(0));
+  out.new_fence = detail::reply_int(r.elements[3]).value_or(0);
   out.audit_id = r.elements[4].str;
   return out;
 }

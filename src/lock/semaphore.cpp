@@ -8,6 +8,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
+#include "lock/inspect_internal.hpp"
 #include "lock/rwlock_internal.hpp"
 #include "lock/semaphore_internal.hpp"
 
@@ -170,7 +171,7 @@ void SemaphoreCalls::send(Batch b) {
 }  // namespace detail
 
 namespace {
-const redis::Script& inspect_script() {
+const redis::Script& sem_inspect_script() {
   static const redis::Script s{std::string(lock_scripts::sem_inspect)};
   return s;
 }
@@ -190,18 +191,6 @@ void refuse_on_loop(LockService& svc, const char* what) {
                 fmt::format("{}: blocking call on the Redis client's event-loop thread would deadlock", what));
 }
 
-std::optional<std::int64_t> to_int(const redis::Reply& r) {
-  if (r.is_integer()) return r.integer;
-  if (!r.is_string()) return std::nullopt;
-  try {
-    std::size_t pos = 0;
-    const auto v = std::stoll(r.str, &pos);
-    if (pos != r.str.size()) return std::nullopt;
-    return v;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
 
 void store(LockService& svc, std::string_view resource, const std::string& value) {
   refuse_on_loop(svc, "set_permits");
@@ -234,7 +223,7 @@ SemaphoreInfo inspect_semaphore(LockService& svc, std::string_view resource) {
   info.key = k.permit_holders_key(resource);
   redis::Reply r;
   try {
-    r = svc.client().eval(inspect_script(),
+    r = svc.client().eval(sem_inspect_script(),
                           {info.key, k.fence_key(resource), k.permit_line_key(resource),
                            k.permit_line_expiry_key(resource), k.permit_count_key(resource)},
                           {});
@@ -245,17 +234,17 @@ SemaphoreInfo inspect_semaphore(LockService& svc, std::string_view resource) {
     throw Error(errc::protocol_error,
                 fmt::format("inspect of {}: unexpected reply {}", info.key, redis::to_debug_string(r)));
   const auto& e = r.elements;
-  info.server_time_ms = to_int(e[0]).value_or(0);
-  if (auto n = to_int(e[1])) info.stored_permits = static_cast<int>(*n);
-  info.fence = to_int(e[2]);
-  info.waiters = to_int(e[3]).value_or(0);
+  info.server_time_ms = detail::reply_int(e[0]).value_or(0);
+  if (auto n = detail::reply_int(e[1])) info.stored_permits = static_cast<int>(*n);
+  info.fence = detail::reply_int(e[2]);
+  info.waiters = detail::reply_int(e[3]).value_or(0);
   for (std::size_t i = 4; i + 1 < e.size(); i += 2) {
     const std::string& m = e[i].str;
     const auto sp = m.rfind(' ');
     PermitHolder h;
     h.holder = token_owner(sp == std::string::npos ? m : m.substr(0, sp));
     h.slot = sp == std::string::npos ? -1 : std::atoi(m.c_str() + sp + 1);
-    h.ttl_left = std::chrono::milliseconds(to_int(e[i + 1]).value_or(0) - info.server_time_ms);
+    h.ttl_left = std::chrono::milliseconds(detail::reply_int(e[i + 1]).value_or(0) - info.server_time_ms);
     info.holders.push_back(std::move(h));
   }
   std::sort(info.holders.begin(), info.holders.end(), [](const auto& a, const auto& b) { return a.slot < b.slot; });

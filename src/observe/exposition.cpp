@@ -103,22 +103,23 @@ constexpr HistogramFamily kHistograms[] = {
      &LockClassSnapshot::hold_seconds},
 };
 
-void header(std::string& out, const char* name, const char* help, const char* type) {
-  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help), name, type);
-}
 
 }  // namespace
+
+void append_family_header(std::string& out, std::string_view name, std::string_view help, std::string_view type) {
+  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help), name, type);
+}
 
 std::string to_prometheus(const std::vector<LockClassSnapshot>& classes) {
   std::string out;
   out.reserve(1024 + classes.size() * 4096);
   auto it = std::back_inserter(out);
 
-  header(out, "jobguard_build_info", "jobguard build; the value is always 1.", "gauge");
+  append_family_header(out, "jobguard_build_info", "jobguard build; the value is always 1.", "gauge");
   fmt::format_to(it, "jobguard_build_info{{version=\"{}\"}} 1\n", escape_label_value(JOBGUARD_VERSION_STRING));
 
   for (const auto& f : kCounters) {
-    header(out, f.name, f.help, "counter");
+    append_family_header(out, f.name, f.help, "counter");
     for (const auto& c : classes) {
       const std::uint64_t v = c.*(f.field);
       fmt::format_to(it, "{}{{lock_class=\"{}\"}} {}\n", f.name, escape_label_value(c.lock_class),
@@ -126,7 +127,7 @@ std::string to_prometheus(const std::vector<LockClassSnapshot>& classes) {
     }
   }
   for (const auto& f : kHistograms) {
-    header(out, f.name, f.help, "histogram");
+    append_family_header(out, f.name, f.help, "histogram");
     for (const auto& c : classes) {
       const std::string label = escape_label_value(c.lock_class);
       const HistogramSnapshot& h = c.*(f.field);

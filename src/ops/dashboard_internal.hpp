@@ -18,6 +18,7 @@
 #include "jobguard/ops/http.hpp"
 #include "jobguard/rwlock.hpp"
 #include "jobguard/semaphore.hpp"
+#include "jobguard/text.hpp"
 
 namespace jobguard::job {
 class Catalog;
@@ -29,6 +30,10 @@ using observe::FleetClassStats;
 using observe::FleetCounts;
 using observe::FleetSeries;
 using observe::WallClock;
+
+// Values come from Redis and from the client: shown escaped, never trusted
+// as UTF-8.
+inline std::string shown(std::string_view s) { return escape_text(s, 1024); }
 
 // A request the API refuses: `status` (400, 401, 403, 404, 409) with a
 // one-line message, answered as {"error": message}.

@@ -20,8 +20,6 @@ using Json = nlohmann::ordered_json;
 
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-// Values come from Redis and from the client: shown, never trusted as UTF-8.
-std::string shown(std::string_view s) { return escape_text(s, 1024); }
 
 }  // namespace
 

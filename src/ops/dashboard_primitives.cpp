@@ -11,8 +11,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Holders come from Redis: shown, never trusted as UTF-8.
-std::string shown(std::string_view s) { return escape_text(s, 1024); }
 
 Json optional(const std::optional<std::int64_t>& v) { return v ? Json(*v) : Json(); }
 

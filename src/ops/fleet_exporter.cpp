@@ -4,12 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <iterator>
-#include <mutex>
-#include <thread>
+#include <optional>
 
 #include "jobguard/error.hpp"
+#include "ops/refresher.hpp"
 #include "jobguard/observe/exposition.hpp"
 #include "jobguard/ops/fleet_exporter.hpp"
 #include "jobguard/redis/client.hpp"
@@ -26,7 +25,6 @@ using observe::WallClock;
 
 namespace {
 
-using observe::escape_help;
 using observe::escape_label_value;
 using observe::format_value;
 using observe::kSecondsBuckets;
@@ -77,9 +75,6 @@ constexpr CounterFamily kCounters[] = {
      &FleetCounts::concurrency_limit_wait_ms, 0.001},
 };
 
-void header(std::string& out, const char* name, const char* help, const char* type) {
-  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help), name, type);
-}
 
 void histogram(std::string& out, const char* name, const std::string& label, const HistogramSnapshot& h) {
   auto it = std::back_inserter(out);
@@ -97,23 +92,23 @@ std::string fleet_to_prometheus(const std::map<std::string, FleetCounts, std::le
   std::string out;
   out.reserve(512 + totals.size() * 6144);
   auto it = std::back_inserter(out);
-  header(out, "jobguard_fleet_up", "1 when the last read of the fleet's numbers from Redis succeeded.", "gauge");
+  observe::append_family_header(out, "jobguard_fleet_up", "1 when the last read of the fleet's numbers from Redis succeeded.", "gauge");
   fmt::format_to(it, "jobguard_fleet_up {}\n", up ? 1 : 0);
-  header(out, "jobguard_fleet_lock_classes", "Lock classes with published numbers.", "gauge");
+  observe::append_family_header(out, "jobguard_fleet_lock_classes", "Lock classes with published numbers.", "gauge");
   fmt::format_to(it, "jobguard_fleet_lock_classes {}\n", totals.size());
   for (const auto& f : kCounters) {
-    header(out, f.name, f.help, "counter");
+    observe::append_family_header(out, f.name, f.help, "counter");
     for (const auto& [name, c] : totals) {
       const std::uint64_t v = f.field ? c.*(f.field) : c.expired();
       fmt::format_to(it, "{}{{class=\"{}\"}} {}\n", f.name, escape_label_value(name),
                      f.scale == 1 ? fmt::format("{}", v) : format_value(static_cast<double>(v) * f.scale));
     }
   }
-  header(out, "jobguard_fleet_lock_hold_seconds", "Time locks were held, from grant to release or loss, all processes.",
+  observe::append_family_header(out, "jobguard_fleet_lock_hold_seconds", "Time locks were held, from grant to release or loss, all processes.",
          "histogram");
   for (const auto& [name, c] : totals)
     histogram(out, "jobguard_fleet_lock_hold_seconds", escape_label_value(name), c.hold());
-  header(out, "jobguard_fleet_lock_wait_seconds",
+  observe::append_family_header(out, "jobguard_fleet_lock_wait_seconds",
          "Time from the first acquire attempt until granted or given up, all processes.", "histogram");
   for (const auto& [name, c] : totals)
     histogram(out, "jobguard_fleet_lock_wait_seconds", escape_label_value(name), c.wait());
@@ -124,6 +119,7 @@ struct FleetExporter::Impl {
   Impl(redis::Client& c, FleetExporterOptions o) : client(c), opts(std::move(o)) {
     if (opts.refresh.count() <= 0) throw Error(errc::invalid_argument, "fleet exporter: refresh must be positive");
     if (!opts.now) opts.now = [] { return WallClock::now(); };
+    refresher.emplace(fleet_to_prometheus({}, false), opts.refresh, opts.first_read_wait, [this] { return read_once(); });
   }
 
   redis::Client& client;
@@ -131,14 +127,7 @@ struct FleetExporter::Impl {
   FleetAccumulator acc;                  // reader thread only
   std::optional<std::int64_t> last_ok;  // minute of the last good read; reader thread only
 
-  mutable std::mutex mu;
-  mutable std::condition_variable cv;
-  bool stopping = false;
-  bool first_done = false;
-  std::string text;
-  std::thread thread;
-
-  void read_once() {
+  std::string read_once() {
     const auto now = opts.now();
     const std::int64_t minute = unix_minute(now);
     // Steady state: the current and two earlier minutes (a batch lands at
@@ -157,43 +146,19 @@ struct FleetExporter::Impl {
     } catch (const std::exception&) {
       up = false;
     }
-    std::string t = fleet_to_prometheus(acc.totals(), up);
-    std::lock_guard<std::mutex> g(mu);
-    text = std::move(t);
-    first_done = true;
-    cv.notify_all();
+    return fleet_to_prometheus(acc.totals(), up);
   }
 
-  void loop() {
-    std::unique_lock<std::mutex> g(mu);
-    while (!stopping) {
-      g.unlock();
-      read_once();
-      g.lock();
-      cv.wait_for(g, opts.refresh, [this] { return stopping; });
-    }
-  }
+  // Last, and started once the options are checked: its thread calls
+  // read_once, which uses everything above.
+  std::optional<detail::Refresher> refresher;
 };
 
 FleetExporter::FleetExporter(redis::Client& client, FleetExporterOptions options)
-    : impl_(std::make_unique<Impl>(client, std::move(options))) {
-  impl_->text = fleet_to_prometheus({}, false);
-  impl_->thread = std::thread([i = impl_.get()] { i->loop(); });
-}
+    : impl_(std::make_unique<Impl>(client, std::move(options))) {}
 
-FleetExporter::~FleetExporter() {
-  {
-    std::lock_guard<std::mutex> g(impl_->mu);
-    impl_->stopping = true;
-  }
-  impl_->cv.notify_all();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+FleetExporter::~FleetExporter() = default;
 
-std::string FleetExporter::text() const {
-  std::unique_lock<std::mutex> g(impl_->mu);
-  impl_->cv.wait_for(g, impl_->opts.first_read_wait, [this] { return impl_->first_done; });
-  return impl_->text;
-}
+std::string FleetExporter::text() const { return impl_->refresher->text(); }
 
 }  // namespace jobguard::ops

@@ -1,28 +1,24 @@
 // The lock Redis's deployment, as gauges for `jobguard serve`: a watcher
-// thread around watch_redis (doctor.cpp) plus the Prometheus rendering. The
+// thread around watch_redis (doctor.cpp) plus the Prometheus rendering; and
+// that thread's loop, detail::Refresher, which FleetExporter shares. The
 // alert rules in deploy/prometheus/jobguard-alerts.yml read these families;
 // docs/alerts.md is their runbook.
 #include <fmt/format.h>
 
-#include <condition_variable>
 #include <iterator>
-#include <mutex>
-#include <thread>
+#include <optional>
 
 #include "jobguard/error.hpp"
+#include "ops/refresher.hpp"
 #include "jobguard/ops/doctor.hpp"
 #include "jobguard/observe/exposition.hpp"
 
 namespace jobguard::ops {
 namespace {
 
-using observe::escape_help;
 using observe::escape_label_value;
 using observe::format_value;
 
-void header(std::string& out, const char* name, const char* help, const char* type) {
-  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, escape_help(help), name, type);
-}
 
 }  // namespace
 
@@ -33,14 +29,14 @@ std::string redis_facts_to_prometheus(const RedisFacts& f, std::uint64_t lock_st
   // schema does not flicker; a sample that needs an answer is left out then
   // (an alert must not read a made-up 0 as "not evicting").
   auto family = [&](const char* name, const char* help, const char* type, bool have, double value) {
-    header(out, name, help, type);
+    observe::append_family_header(out, name, help, type);
     if (have) fmt::format_to(it, "{} {}\n", name, format_value(value));
   };
   auto flag = [](bool b) { return b ? 1.0 : 0.0; };
   auto num = [](std::int64_t n) { return static_cast<double>(n); };
   family("jobguard_redis_up", "1 when the last watch of the lock Redis got an answer to PING and INFO.", "gauge", true,
          flag(f.up));
-  header(out, "jobguard_redis_check_status",
+  observe::append_family_header(out, "jobguard_redis_check_status",
          "jobguard doctor's read-only checks of the lock Redis: 0 OK, 1 WARN, 2 FAIL (docs/operations.md).", "gauge");
   for (const auto& c : f.checks)
     fmt::format_to(it, "jobguard_redis_check_status{{check=\"{}\"}} {}\n", escape_label_value(c.name),
@@ -78,6 +74,7 @@ std::string redis_facts_to_prometheus(const RedisFacts& f, std::uint64_t lock_st
 struct RedisWatcher::Impl {
   Impl(redis::Client& c, RedisWatcherOptions o) : client(c), opts(std::move(o)) {
     if (opts.refresh.count() <= 0) throw Error(errc::invalid_argument, "redis watcher: refresh must be positive");
+    refresher.emplace(redis_facts_to_prometheus({}, 0), opts.refresh, opts.first_read_wait, [this] { return watch_once(); });
   }
 
   redis::Client& client;
@@ -87,14 +84,7 @@ struct RedisWatcher::Impl {
   std::string last_epoch;
   std::uint64_t losses = 0;
 
-  mutable std::mutex mu;
-  mutable std::condition_variable cv;
-  bool stopping = false;
-  bool first_done = false;
-  std::string text;
-  std::thread thread;
-
-  void watch_once() {
+  std::string watch_once() {
     RedisFacts f;
     try {
       f = watch_redis(client, opts.doctor);
@@ -111,43 +101,59 @@ struct RedisWatcher::Impl {
       last_epoch = f.lock_state_epoch;
       if (!seen_record) last_epoch.clear();
     }
-    std::string t = redis_facts_to_prometheus(f, losses);
-    std::lock_guard<std::mutex> g(mu);
-    text = std::move(t);
-    first_done = true;
-    cv.notify_all();
+    return redis_facts_to_prometheus(f, losses);
   }
 
-  void loop() {
-    std::unique_lock<std::mutex> g(mu);
-    while (!stopping) {
-      g.unlock();
-      watch_once();
-      g.lock();
-      cv.wait_for(g, opts.refresh, [this] { return stopping; });
-    }
-  }
+  // Last, and started once the options are checked: its thread calls
+  // watch_once, which uses everything above.
+  std::optional<detail::Refresher> refresher;
 };
 
 RedisWatcher::RedisWatcher(redis::Client& client, RedisWatcherOptions options)
-    : impl_(std::make_unique<Impl>(client, std::move(options))) {
-  impl_->text = redis_facts_to_prometheus({}, 0);
-  impl_->thread = std::thread([i = impl_.get()] { i->loop(); });
+    : impl_(std::make_unique<Impl>(client, std::move(options))) {}
+
+RedisWatcher::~RedisWatcher() = default;
+
+std::string RedisWatcher::text() const { return impl_->refresher->text(); }
+
+// --- detail::Refresher ------------------------------------------------------
+
+namespace detail {
+
+Refresher::Refresher(std::string initial, std::chrono::milliseconds refresh, std::chrono::milliseconds first_wait,
+                     std::function<std::string()> render)
+    : refresh_(refresh), first_wait_(first_wait), render_(std::move(render)), text_(std::move(initial)) {
+  thread_ = std::thread([this] { loop(); });
 }
 
-RedisWatcher::~RedisWatcher() {
+Refresher::~Refresher() {
   {
-    std::lock_guard<std::mutex> g(impl_->mu);
-    impl_->stopping = true;
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
   }
-  impl_->cv.notify_all();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  cv_.notify_all();
+  thread_.join();
 }
 
-std::string RedisWatcher::text() const {
-  std::unique_lock<std::mutex> g(impl_->mu);
-  impl_->cv.wait_for(g, impl_->opts.first_read_wait, [this] { return impl_->first_done; });
-  return impl_->text;
+void Refresher::loop() {
+  std::unique_lock<std::mutex> g(mu_);
+  while (!stopping_) {
+    g.unlock();
+    std::string t = render_();
+    g.lock();
+    text_ = std::move(t);
+    first_done_ = true;
+    cv_.notify_all();
+    cv_.wait_for(g, refresh_, [this] { return stopping_; });
+  }
 }
+
+std::string Refresher::text() const {
+  std::unique_lock<std::mutex> g(mu_);
+  cv_.wait_for(g, first_wait_, [this] { return first_done_; });
+  return text_;
+}
+
+}  // namespace detail
 
 }  // namespace jobguard::ops

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "pg/pg_internal.hpp"
+#include "jobguard/detail/completion_parts.hpp"
 #include "jobguard/error.hpp"
 #include "jobguard/guard/idempotency.hpp"
 
@@ -11,9 +12,7 @@ void check_begin_args(std::string_view key, std::chrono::milliseconds lease, con
 
 namespace {
 
-std::chrono::system_clock::time_point from_ms(std::int64_t ms) {
-  return std::chrono::system_clock::time_point(std::chrono::milliseconds(ms));
-}
+using detail::from_ms;
 
 // All times are the server's clock_timestamp(): one clock judges every lease.
 constexpr const char* kClaimSet =

@@ -455,12 +455,6 @@ void Client::async_primaries(PrimariesCompletion done) {
   });
 }
 
-void Client::async_primaries(PrimariesTextCompletion done) {
-  async_primaries([done = std::move(done)](const Error& err, std::vector<PrimaryShard> shards) {
-    done(err.code(), std::string(err.detail()), std::move(shards));
-  });
-}
-
 std::vector<std::string> Client::primaries() {
   if (!impl_->opts.cluster) return {address()};
   if (impl_->on_loop())

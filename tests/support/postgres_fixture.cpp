@@ -16,18 +16,12 @@
 
 #include "jobguard/testing/embedded_postgres.hpp"
 #include "jobguard/testing/embedded_redis.hpp"
+#include "support/subprocess.hpp"
 
 namespace jobguard::test {
 namespace {
 
 const char* kBin = "/usr/lib/postgresql/15/bin/";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // PostgreSQL refuses to run as root: as root, run its tools as `postgres`.
 std::vector<std::string> as_postgres(std::vector<std::string> argv) {

@@ -37,7 +37,7 @@ const redis::Script& release_script() { return lock_release_script(); }
 
 // Awaitable acquire on top of the callback API.
 template <class Token>
-auto async_acquire(LockService& svc, std::string resource, LockOptions opts, Token&& token) {
+auto acquire_op(LockService& svc, std::string resource, LockOptions opts, Token&& token) {
   return asio::async_initiate<Token, void(std::error_code, std::optional<Lock>)>(
       [&svc](auto handler, std::string r, LockOptions o) {
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
@@ -48,7 +48,7 @@ auto async_acquire(LockService& svc, std::string resource, LockOptions opts, Tok
 }
 
 template <class Token>
-auto async_release(LockService& svc, const Lock& l, Token&& token) {
+auto release_op(LockService& svc, const Lock& l, Token&& token) {
   return asio::async_initiate<Token, void(std::error_code, bool)>(
       [&svc, &l](auto handler) {
         auto h = std::make_shared<decltype(handler)>(std::move(handler));
@@ -169,10 +169,10 @@ Phase Runner::run_coro(Op op) {
         if (op == Op::lock_pair) {
           LockOptions lo;
           lo.ttl = std::chrono::milliseconds(30000);
-          auto [ec, lock] = co_await async_acquire(*locks_, resource, lo, asio::as_tuple(asio::use_awaitable));
+          auto [ec, lock] = co_await acquire_op(*locks_, resource, lo, asio::as_tuple(asio::use_awaitable));
           bool ok = !ec && lock.has_value();
           if (ok) {
-            auto [rec, ours] = co_await async_release(*locks_, *lock, asio::as_tuple(asio::use_awaitable));
+            auto [rec, ours] = co_await release_op(*locks_, *lock, asio::as_tuple(asio::use_awaitable));
             lock->detach();
             ok = !rec && ours;
           }

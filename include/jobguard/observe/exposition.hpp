@@ -26,6 +26,8 @@ std::string to_prometheus(const Registry& registry);
 std::string escape_label_value(std::string_view v);
 // HELP text escaping: backslash and line feed only.
 std::string escape_help(std::string_view v);
+// A family's "# HELP" (escaped) and "# TYPE" lines, appended to `out`.
+void append_family_header(std::string& out, std::string_view name, std::string_view help, std::string_view type);
 // A sample value as the format wants it: shortest round-trip decimal, +Inf,
 // -Inf, NaN.
 std::string format_value(double v);

@@ -231,11 +231,6 @@ class Client {
   // serving every slot. `done` runs on the loop, never inside this call.
   using PrimariesCompletion = std::function<void(const Error& err, std::vector<PrimaryShard> shards)>;
   void async_primaries(PrimariesCompletion done);
-  // The same for a handler of the older (code, text, shards) shape, until
-  // its last callers take an Error.
-  using PrimariesTextCompletion =
-      std::function<void(std::error_code ec, const std::string& why, std::vector<PrimaryShard> shards)>;
-  void async_primaries(PrimariesTextCompletion done);
 
   // For the CLI/doctor: "127.0.0.1:6379".
   std::string address() const;
