@@ -44,6 +44,7 @@
 #include "jobguard/lease.hpp"
 #include "jobguard/lock.hpp"
 #include "jobguard/multilock.hpp"
+#include "jobguard/quorum.hpp"
 #include "jobguard/redis/client.hpp"
 
 namespace jobguard {
@@ -105,6 +106,9 @@ inline std::exception_ptr as_exception(const Error& e) {
 // The event loop a lease's scheduler runs on, where its completions run: a
 // single-server client's, or a quorum service's own (QuorumLease::adopt).
 boost::asio::any_io_executor lease_executor(const Lease& lease);
+
+// The quorum service's own event loop (where its retries and its leases run).
+boost::asio::any_io_executor quorum_executor(const QuorumLockService& service);
 
 inline boost::asio::any_io_executor executor_of(const Lock& lock) {
   if (lock.service()) return lock.service()->client().get_executor();
@@ -268,6 +272,45 @@ template <class Token>
 auto async_acquire(LeaseScheduler& scheduler, std::string resource, LockOptions lock_opts, Token&& token) {
   return async_acquire(scheduler, std::move(resource), std::move(lock_opts), LeaseOptions{},
                        std::forward<Token>(token));
+}
+
+// QuorumLockService::acquire without blocking, in the single-server form:
+// the QuorumLock, or nullopt when a majority stayed held by others for the
+// whole wait. Signature: void(std::exception_ptr, std::optional<QuorumLock>).
+template <class Token>
+auto async_acquire(QuorumLockService& service, std::string resource, QuorumOptions opts, Token&& token) {
+  return boost::asio::async_initiate<Token, void(std::exception_ptr, std::optional<QuorumLock>)>(
+      [&service](auto handler, std::string r, QuorumOptions o) {
+        detail::initiate(
+            std::move(handler), detail::quorum_executor(service),
+            [&](const auto& done) {
+              service.async_acquire(std::move(r), std::move(o), [done](const Error& e, std::optional<QuorumLock> l) {
+                done(detail::as_exception(e), std::move(l));
+              });
+            },
+            std::optional<QuorumLock>());
+      },
+      token, std::move(resource), std::move(opts));
+}
+
+// QuorumLock::release without blocking: the number of instances that still
+// had the token. As the blocking form, an instance that failed is not an
+// error (its TTL frees it there); a moved-from lock is.
+// Signature: void(std::exception_ptr, std::size_t).
+template <class Token>
+auto async_release(QuorumLock& lock, Token&& token) {
+  return boost::asio::async_initiate<Token, void(std::exception_ptr, std::size_t)>(
+      [&lock](auto handler) {
+        detail::initiate(
+            std::move(handler),
+            lock.service() ? detail::quorum_executor(*lock.service())
+                           : boost::asio::any_io_executor(boost::asio::system_executor()),
+            [&](const auto& done) {
+              lock.async_release([done](const Error&, std::size_t n) { done(std::exception_ptr(), n); });
+            },
+            std::size_t{0});
+      },
+      token);
 }
 
 // Lease::release without blocking: true if the lock was still ours; false

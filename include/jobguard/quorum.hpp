@@ -104,8 +104,12 @@ class QuorumLock {
 
   // The non-blocking release: `done` runs on an instance's event loop or
   // the service's own, never inside the call, with the number of instances
-  // that released. The QuorumLock must outlive the call only until it returns.
-  void async_release(std::function<void(std::size_t released)> done);
+  // that released and, when some instance failed (its TTL frees it there),
+  // Error(redis_unavailable) naming each failure with the server's words;
+  // the count stands either way. The QuorumLock must outlive the call only
+  // until it returns.
+  using ReleaseHandler = std::function<void(const Error& failed, std::size_t released)>;
+  void async_release(ReleaseHandler done);
 
   // Forget the lock without releasing it (it expires by its TTL).
   void detach() noexcept { held_ = false; }

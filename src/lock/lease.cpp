@@ -200,8 +200,9 @@ void Lease::async_release(std::function<void(const Error&, bool)> done) {
   }
   if (s_->quorum) {
     const std::size_t quorum = s_->quorum->lock.service()->quorum();
-    return s_->quorum->lock.async_release([done = std::move(done), quorum](std::size_t n) {
-      if (done) done(Error(), n >= quorum);
+    // Released on a majority is released, whatever a minority answered.
+    return s_->quorum->lock.async_release([done = std::move(done), quorum](const Error& e, std::size_t n) {
+      if (done) done(n >= quorum ? Error() : e, n >= quorum);
     });
   }
   if (s_->more.empty()) return s_->lock.async_release(std::move(done));

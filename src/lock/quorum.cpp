@@ -1,3 +1,4 @@
+#include "jobguard/async.hpp"
 #include "jobguard/quorum.hpp"
 
 #include <fmt/format.h>
@@ -116,18 +117,29 @@ ms default_instance_timeout(ms ttl) { return std::max(ms(1), std::min(ttl / 10, 
 
 namespace detail {
 void release_all(const QuorumLockService& svc, const std::string& key, const std::string& channel,
-                 const std::string& token, ms timeout, std::function<void(std::size_t)> done) {
+                 const std::string& token, ms timeout, QuorumLock::ReleaseHandler done) {
+  auto self = svc.shared_from_this();
   fan_out(
       svc.size(),
       [&](std::size_t i, redis::Completion c) {
         svc.instance(i).async_eval_views(lock_release_script(), {key}, {token, channel}, std::move(c),
                                          call_options(timeout));
       },
-      [done = std::move(done)](Outcomes out) {
+      [self, done = std::move(done)](Outcomes out) {
         std::size_t n = 0;
-        for (const auto& o : out)
-          if (!o.ec && o.reply.is_integer() && o.reply.integer == 1) ++n;
-        if (done) done(n);
+        std::string failures;
+        for (std::size_t i = 0; i < out.size(); ++i) {
+          const auto& o = out[i];
+          if (o.ec) {
+            if (!failures.empty()) failures += "; ";
+            failures += describe_failure(self->address(i), o, "quorum release");
+          } else if (o.reply.is_integer() && o.reply.integer == 1) {
+            ++n;
+          }
+        }
+        if (!done) return;
+        if (failures.empty()) return done(Error(), n);
+        done(Error(errc::redis_unavailable, failures, error_source::redis), n);
       });
 }
 
@@ -173,6 +185,10 @@ std::chrono::milliseconds quorum_drift(std::chrono::milliseconds ttl, double clo
 
 asio::io_context& QuorumLockService::Impl::loop(const QuorumLockService& s) {
   return *static_cast<QuorumLoop*>(s.loop_.get())->ctx;
+}
+
+asio::any_io_executor detail::quorum_executor(const QuorumLockService& service) {
+  return QuorumLockService::Impl::loop(service).get_executor();
 }
 
 std::shared_ptr<LeaseScheduler> QuorumLockService::Impl::scheduler(const QuorumLockService& s) {
@@ -331,7 +347,7 @@ struct QuorumLockService::Impl::Acquire : std::enable_shared_from_this<Acquire> 
   // whose reply was lost may still have been cast.
   void undo_then_retry(Error cause) {
     auto self = shared_from_this();
-    release_all(*svc, key, channel, token, timeout, [self, cause = std::move(cause)](std::size_t) mutable {
+    release_all(*svc, key, channel, token, timeout, [self, cause = std::move(cause)](const Error&, std::size_t) mutable {
       self->retry_or_finish(std::move(cause));
     });
   }
@@ -467,10 +483,12 @@ std::chrono::milliseconds QuorumLock::validity_left() const noexcept {
   return std::chrono::duration_cast<ms>(valid_until_ - now);
 }
 
-void QuorumLock::async_release(std::function<void(std::size_t)> done) {
+void QuorumLock::async_release(ReleaseHandler done) {
   if (!service_) throw Error(errc::invalid_argument, "release of a moved-from QuorumLock");
   if (!held_) {
-    asio::post(QuorumLockService::Impl::loop(*service_), [done = std::move(done)] { done(0); });
+    asio::post(QuorumLockService::Impl::loop(*service_), [done = std::move(done)] {
+      if (done) done(Error(), 0);
+    });
     return;
   }
   held_ = false;
@@ -483,7 +501,8 @@ std::size_t QuorumLock::release() {
     throw Error(errc::invalid_argument, "QuorumLock::release blocks: use async_release on an event-loop thread");
   std::promise<std::size_t> p;
   auto f = p.get_future();
-  async_release([&p](std::size_t n) { p.set_value(n); });
+  // An instance that failed is left to its TTL: the count says enough.
+  async_release([&p](const Error&, std::size_t n) { p.set_value(n); });
   return f.get();
 }
 

@@ -27,9 +27,10 @@ struct QuorumLockService::Impl {
 
 namespace detail {
 // Compare-and-delete everywhere; `done` (may be null) gets how many instances
-// still had our token. Runs on the thread of the last instance to answer.
+// still had our token, and the failures (QuorumLock::async_release). Runs on
+// the thread of the last instance to answer.
 void release_all(const QuorumLockService& svc, const std::string& key, const std::string& channel,
-                 const std::string& token, std::chrono::milliseconds timeout, std::function<void(std::size_t)> done);
+                 const std::string& token, std::chrono::milliseconds timeout, QuorumLock::ReleaseHandler done);
 
 struct ExtendTally {
   std::size_t ok = 0;      // extended

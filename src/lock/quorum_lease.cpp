@@ -131,7 +131,7 @@ bool Lease::release_quorum() {
   QuorumLock& l = s->quorum->lock;
   const auto& svc = *l.service();
   if (QuorumLockService::Impl::in_any_loop(svc) || s->sched->impl_->on_loop()) {
-    l.async_release([s](std::size_t) {});
+    l.async_release([s](const Error&, std::size_t) {});
     return true;
   }
   return l.release() >= svc.quorum();
