@@ -158,6 +158,11 @@ class JobContext {
   // False: running fail-open, without the Redis lock.
   bool guarded() const noexcept { return guarded_; }
   std::optional<std::int64_t> fence() const noexcept { return fence_; }
+  // A class with permits: this holder's slot in [0, permits) (Lock::permit_slot),
+  // which no other live holder has. A downstream fences per slot, as it would
+  // a mutex, with fence(): one high-water mark for the whole resource would
+  // refuse the other holders' writes (docs/semaphore.md). nullopt otherwise.
+  std::optional<int> permit_slot() const noexcept { return permit_slot_; }
   // The chunk being run; -1 for an unchunked unit.
   int chunk() const noexcept { return chunk_; }
   // "<class>/<resource>/<run_id>[/<chunk>]": stable across retries and
@@ -185,6 +190,7 @@ class JobContext {
   std::string resource_, lock_key_, idem_key_;
   bool guarded_ = false;
   std::optional<std::int64_t> fence_;
+  std::optional<int> permit_slot_;
   int chunk_ = -1;
   std::stop_token stop_;
   guard::PgTransaction* tx_ = nullptr;

@@ -124,6 +124,9 @@ using AsyncJobEffect = std::function<boost::asio::awaitable<std::string>(WorkIte
 //   JOBGUARD_KEY              the Redis key of the lock (empty when fail-open)
 //   JOBGUARD_IDEMPOTENCY_KEY  class/resource/run_id: pass it downstream
 //   JOBGUARD_FENCE            the fencing token (fenced classes)
+//   JOBGUARD_PERMITS, JOBGUARD_PERMIT_SLOT
+//                             a class with permits: N, and this holder's
+//                             slot in 0..N-1 (JobContext::permit_slot)
 //   JOBGUARD_FIELD_<NAME>     each job field (NAME upper-cased; other than
 //                             A-Z and 0-9 -> '_')
 // Exit 0: the result is empty; non-zero: the attempt failed with "exit

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -235,6 +236,27 @@ TEST_F(JobsCli, WorkersRunEachJobExactlyOnceAndSeeTheirEnvironment) {
   const auto fence = lines(env);
   ASSERT_EQ(fence.size(), 1u);
   EXPECT_GT(std::stoll(fence[0]), 0);
+
+  // A catalog class with permits: CMD holds one of them and is told N, its
+  // slot (the only holder: slot 0) and the fence that goes with it.
+  const auto cat = file("catalog.yaml");
+  std::ofstream(cat) << R"(classes:
+  - {name: t, key: "t:{id}", owner: o, protects: p, consequence: low, ttl: 7s, renewal: false,
+     hard_timeout: none, fencing: true, on_redis_down: fail-closed, fallback: f, permits: 3}
+)";
+  add({"id=79"});
+  const auto permit = jobs("work", work_args({"--max-jobs", "1", "--catalog", cat},
+                                             {"sh", "-c",
+                                              "printf '%s\\n' \"$JOBGUARD_KEY\" \"$JOBGUARD_PERMITS\" "
+                                              "\"$JOBGUARD_PERMIT_SLOT\" \"${JOBGUARD_FENCE-unset}\" > \"$0\"",
+                                              env}));
+  ASSERT_EQ(permit.status, 0) << permit.err;
+  const auto told = lines(env);
+  ASSERT_EQ(told.size(), 4u);
+  EXPECT_EQ(told[0], "jobguard:sem:{t:79}");
+  EXPECT_EQ(told[1], "3");
+  EXPECT_EQ(told[2], "0");
+  EXPECT_GT(std::stoll(told[3]), 0);
 }
 
 TEST_F(JobsCli, MaxJobsStopsAfterNFinishedJobs) {

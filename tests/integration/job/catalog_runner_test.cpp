@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "jobguard/guard/completion.hpp"
 #include "jobguard/guard/idempotency.hpp"
@@ -67,14 +68,17 @@ TEST_F(CatalogRunner, AnUnfencedClassFromTheCatalogGetsNoFence) {
   guard::RedisCompletionStore records(*client);
   job::GuardedRunner runner(leases, cls, {.completions = &records});
   std::optional<std::int64_t> fence_seen = 1;
+  std::optional<int> slot_seen = 0;
   std::string pttl_seen;
   const auto r = runner.run({.id = "7", .run_id = "r1"}, [&](job::JobContext& ctx) {
     fence_seen = ctx.fence();
+    slot_seen = ctx.permit_slot();
     pttl_seen = admin("PTTL " + ctx.lock_key());
     return std::string("ok");
   });
   ASSERT_TRUE(r.ok()) << r.detail;
   EXPECT_FALSE(fence_seen.has_value());
+  EXPECT_FALSE(slot_seen.has_value()) << "a mutex class has no permit slot";
   EXPECT_GT(std::stoll(pttl_seen), 30000);  // ttl: 1m
   EXPECT_EQ(admin("EXISTS jobguard:fence:{image:7:thumb}"), "0");
 }
@@ -89,19 +93,28 @@ TEST_F(CatalogRunner, APermitsClassHoldsOneOfTheSemaphoresPermitsNotTheLock) {
   guard::RedisCompletionStore records(*client);
   job::GuardedRunner runner(leases, cls, {.completions = &records});
   std::string key_seen, holders_seen, lock_seen;
-  std::optional<int> others_permits;
+  std::optional<int> others_permits, slot;
+  std::set<int> slots;
   const auto r = runner.run({.id = "inv-1", .run_id = "r1"}, [&](job::JobContext& ctx) {
     key_seen = ctx.lock_key();
     holders_seen = admin("ZCARD jobguard:sem:{psp:acme-pay}");
     lock_seen = admin("EXISTS jobguard:lock:{psp:acme-pay}");
+    slot = ctx.permit_slot();
     // The four others of the five fit beside this holder; a sixth does not.
     std::vector<Lock> others;
     for (int i = 0; i < 5; ++i)
       if (auto l = svc->acquire("psp:acme-pay", {.ttl = 10s, .permits = 5})) others.push_back(std::move(*l));
     others_permits = static_cast<int>(others.size());
+    for (const auto& l : others) slots.insert(l.permit_slot());
     return std::string("charged");
   });
   ASSERT_TRUE(r.ok()) << r.detail;
+  // The job's slot is its own: the four others hold the other four.
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_GE(*slot, 0);
+  EXPECT_LT(*slot, 5);
+  EXPECT_EQ(slots.size(), 4u);
+  EXPECT_EQ(slots.count(*slot), 0u);
   EXPECT_EQ(key_seen, "jobguard:sem:{psp:acme-pay}");
   EXPECT_EQ(holders_seen, "1");
   EXPECT_EQ(lock_seen, "0");
