@@ -75,7 +75,6 @@ constexpr CounterFamily kCounters[] = {
      &FleetCounts::concurrency_limit_wait_ms, 0.001},
 };
 
-
 void histogram(std::string& out, const char* name, const std::string& label, const HistogramSnapshot& h) {
   auto it = std::back_inserter(out);
   for (std::size_t i = 0; i < kSecondsBuckets.size(); ++i)
@@ -92,7 +91,8 @@ std::string fleet_to_prometheus(const std::map<std::string, FleetCounts, std::le
   std::string out;
   out.reserve(512 + totals.size() * 6144);
   auto it = std::back_inserter(out);
-  observe::append_family_header(out, "jobguard_fleet_up", "1 when the last read of the fleet's numbers from Redis succeeded.", "gauge");
+  observe::append_family_header(out, "jobguard_fleet_up",
+                                "1 when the last read of the fleet's numbers from Redis succeeded.", "gauge");
   fmt::format_to(it, "jobguard_fleet_up {}\n", up ? 1 : 0);
   observe::append_family_header(out, "jobguard_fleet_lock_classes", "Lock classes with published numbers.", "gauge");
   fmt::format_to(it, "jobguard_fleet_lock_classes {}\n", totals.size());
@@ -104,12 +104,12 @@ std::string fleet_to_prometheus(const std::map<std::string, FleetCounts, std::le
                      f.scale == 1 ? fmt::format("{}", v) : format_value(static_cast<double>(v) * f.scale));
     }
   }
-  observe::append_family_header(out, "jobguard_fleet_lock_hold_seconds", "Time locks were held, from grant to release or loss, all processes.",
-         "histogram");
+  observe::append_family_header(out, "jobguard_fleet_lock_hold_seconds",
+                                "Time locks were held, from grant to release or loss, all processes.", "histogram");
   for (const auto& [name, c] : totals)
     histogram(out, "jobguard_fleet_lock_hold_seconds", escape_label_value(name), c.hold());
   observe::append_family_header(out, "jobguard_fleet_lock_wait_seconds",
-         "Time from the first acquire attempt until granted or given up, all processes.", "histogram");
+                                "Time from the first acquire attempt until granted or given up, all processes.", "histogram");
   for (const auto& [name, c] : totals)
     histogram(out, "jobguard_fleet_lock_wait_seconds", escape_label_value(name), c.wait());
   return out;

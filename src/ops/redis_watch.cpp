@@ -19,7 +19,6 @@ namespace {
 using observe::escape_label_value;
 using observe::format_value;
 
-
 }  // namespace
 
 std::string redis_facts_to_prometheus(const RedisFacts& f, std::uint64_t lock_state_losses) {
@@ -36,8 +35,9 @@ std::string redis_facts_to_prometheus(const RedisFacts& f, std::uint64_t lock_st
   auto num = [](std::int64_t n) { return static_cast<double>(n); };
   family("jobguard_redis_up", "1 when the last watch of the lock Redis got an answer to PING and INFO.", "gauge", true,
          flag(f.up));
-  observe::append_family_header(out, "jobguard_redis_check_status",
-         "jobguard doctor's read-only checks of the lock Redis: 0 OK, 1 WARN, 2 FAIL (docs/operations.md).", "gauge");
+  observe::append_family_header(
+      out, "jobguard_redis_check_status",
+      "jobguard doctor's read-only checks of the lock Redis: 0 OK, 1 WARN, 2 FAIL (docs/operations.md).", "gauge");
   for (const auto& c : f.checks)
     fmt::format_to(it, "jobguard_redis_check_status{{check=\"{}\"}} {}\n", escape_label_value(c.name),
                    static_cast<int>(c.status));
