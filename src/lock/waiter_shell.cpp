@@ -357,18 +357,31 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
     // The grant carries the server's clock: a grant that reveals a step is
     // beside a holder whose key the step expired, and is handed back.
     const bool clock = gate_->watches_clock();
-    if (clock) args.emplace_back("1");
+    std::vector<std::string> keys = script_keys_;
+    if (clock) {
+      args.emplace_back("1");
+      // The record's epoch the grant was admitted under: another client may
+      // have written a quarantine since this client's check (a clock step it
+      // found, a restart), and the grant is then refused in the script rather
+      // than at this client's next check. One server only: on a cluster the
+      // record is in another slot than the lock.
+      if (!ticket_->epoch.empty()) {
+        if (keys.size() < 5) keys.push_back(svc_->keys().waiters_key(resource_));
+        keys.emplace_back(kLockStateKey);
+        args.push_back(ticket_->epoch);
+      }
+    }
     const auto steady_sent = std::chrono::steady_clock::now();
     svc_->client().async_eval_confirmed(
-        lock_acquire_script(), script_keys_, std::move(args), confirm(),
+        lock_acquire_script(), std::move(keys), std::move(args), confirm(),
         [self, clock, steady_sent](std::error_code ec, redis::Reply r, redis::Confirmation c) {
           if (ec) return self->failed(ec, std::move(r.str));
           if (!r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer())
             return self->failed(make_error_code(errc::protocol_error),
                                 "unexpected reply to the acquire script: " + to_debug_string(r));
           if (r.elements[0].integer == -1) {
-            // Keys were evicted since the gate's check: check again (that
-            // starts a quarantine for every client of the server).
+            // Keys were evicted or the record changed since the gate's check:
+            // check again (that starts or finds the quarantine).
             self->gate_->invalidate();
             return self->run(self->m_.reply(self->clock_.now(), Machine::Reply::retry));
           }

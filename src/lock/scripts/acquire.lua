@@ -1,6 +1,8 @@
 -- Grant a lock, optionally with a fencing token and FIFO fairness, atomically.
 -- KEYS: 1 lock, 2 fence counter, 3 fair queue (list), 4 fair queue expiries (zset),
---       5 default-mode waiters by arrival (zset; only for a default-mode wait)
+--       5 default-mode waiters by arrival (zset; only for a default-mode wait,
+--         else any key: read only with ARGV[9]), 6 the lock-state record
+--         (only with ARGV[12])
 -- ARGV: 1 token, 2 ttl ms, 3 fence 0|1, 4 fair 0|1, 5 enqueue-if-busy 0|1,
 --       6 waiter lease ms, 7 fair queue entry ("<ttl> <fence> <grant channel> <token>"),
 --       8 on a server that evicts keys: the evicted_keys count its lock-state
@@ -8,11 +10,12 @@
 --       9 default mode: the waiter's id in KEYS[5] ('' = not a waiter),
 --       10 its arrival (µs, server clock) from an earlier busy reply ('' = now),
 --       11 '1': a grant also returns the server's clock (the client's
---          clock-step watch refuses a grant whose time shows a step)
+--          clock-step watch refuses a grant whose time shows a step),
+--       12 the lock-state record's epoch id the client checked ('' = none)
 -- Returns {1, fence or -1} when granted ({1, fence or -1, server time µs} with
 -- ARGV[11]), {0, pttl of the holder} when busy
 -- ({0, pttl, arrival} for a default-mode waiter), {-1, evicted_keys} when
--- keys were evicted since that check.
+-- keys were evicted since that check or the record is not the one checked.
 --#include redis/scripts/server_time.lua
 if ARGV[8] and ARGV[8] ~= '' then
   -- Redis evicts before it runs a command, never inside a script: a count
@@ -20,6 +23,12 @@ if ARGV[8] and ARGV[8] ~= '' then
   -- (epoch.lua), so this grant cannot join a holder whose key was evicted.
   local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
   if ev ~= tonumber(ARGV[8]) then return {-1, ev or -1} end
+end
+if ARGV[12] and ARGV[12] ~= '' and redis.call('HGET', KEYS[6], 'id') ~= ARGV[12] then
+  -- The record changed since the client's check (another client found a
+  -- clock step, a restart, an eviction and started a quarantine): a grant
+  -- now could join a holder whose key that loss took.
+  return {-1, -1}
 end
 local token = ARGV[1]
 local fair = ARGV[4] == '1'

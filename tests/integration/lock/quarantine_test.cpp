@@ -148,6 +148,31 @@ TEST_F(QuarantineTest, AFlushedServerIsQuarantinedAtTheNextRecheck) {
   EXPECT_NE(why.find("no lock-state record"), std::string::npos) << why;
 }
 
+// Another client found the loss first and wrote the quarantine after this
+// client's check, which is still current (no reconnect, recheck far off): the
+// fenced grant compares the record's epoch in acquire.lua and is refused,
+// where the ticket alone would have granted it beside the holder whose key
+// the flush took. A try-once unfenced SET NX carries no such comparison and
+// waits for the next check (docs/lock-safety.md, "Windows").
+TEST_F(QuarantineTest, AQuarantineAnotherClientWroteAfterThisClientsCheckRefusesItsScriptGrant) {
+  auto c1 = make_client();
+  auto c2 = make_client();
+  auto s1 = LockService::create(*c1, KeyBuilder(), QuarantineOptions{.max_ttl = 3s, .recheck = 60s});
+  auto s2 = service(*c2, 3s);
+  auto held = s1->acquire(resource("a"), LockOptions{.ttl = 2s, .fence = true});
+  ASSERT_TRUE(held);
+  admin("FLUSHALL");
+  const std::string found = refusal(*s2, resource("b"));
+  ASSERT_NE(found.find("no lock-state record"), std::string::npos) << found;
+  try {
+    auto second = s1->acquire(resource("a"), LockOptions{.ttl = 300ms, .fence = true});
+    FAIL() << "granted (" << (second ? "held" : "busy") << ") under a check the record no longer matches";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no lock-state record"), std::string::npos) << e.what();
+  }
+}
+
 // A server that kept the lock key (a snapshot) but is another process: the
 // holder's renewals still find its token, yet the lease is lost at once.
 TEST(QuarantinePersistence, AHolderWhoseServerRestartedFromASnapshotLosesItsLease) {
