@@ -77,7 +77,8 @@ work  takes jobs (up to --concurrency at once, each its own supervised CMD)
         JOBGUARD_IDEMPOTENCY_KEY  class/resource/run_id: pass it downstream
         JOBGUARD_FENCE            the fencing token (with --fence)
         JOBGUARD_PERMITS, JOBGUARD_PERMIT_SLOT
-                                  a --catalog class with permits: N, and this
+                                  a --catalog class with permits: N (or the
+                                  count stored for the resource), and this
                                   holder's slot in 0..N-1
         JOBGUARD_FIELD_<NAME>     each job field (NAME upper-cased, other than
                                   A-Z and 0-9 -> '_')

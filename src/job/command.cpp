@@ -48,7 +48,7 @@ awaitable<std::string> supervise(const CommandOptions& o, WorkItem& item) {
             {"JOBGUARD_IDEMPOTENCY_KEY", ctx.idempotency_key()}};
   if (ctx.fence()) so.env.emplace_back("JOBGUARD_FENCE", std::to_string(*ctx.fence()));
   if (ctx.permit_slot()) {
-    so.env.emplace_back("JOBGUARD_PERMITS", std::to_string(ctx.lock_class().permits));
+    so.env.emplace_back("JOBGUARD_PERMITS", std::to_string(ctx.permits()));
     so.env.emplace_back("JOBGUARD_PERMIT_SLOT", std::to_string(*ctx.permit_slot()));
   }
   for (const auto& [k, v] : job.fields) so.env.emplace_back(field_env_name(k), v);

@@ -36,14 +36,19 @@ void GuardedRunner::init_context(const Attempt& a, int chunk, const std::string&
   ctx.idem_key_ = step_idempotency_key(cls_.name, a.call.resource, run_id);
   if (a.lease) {
     ctx.fence_ = a.lease->fence();
-    if (a.lease->lock_count() == 1 && a.lease->lock_at(0).permits() > 0)
+    if (a.lease->lock_count() == 1 && a.lease->lock_at(0).permits() > 0) {
       ctx.permit_slot_ = a.lease->lock_at(0).permit_slot();
+      ctx.permits_ = a.lease->lock_at(0).permits();
+    }
     ctx.stop_ = a.lease->stop_token();
     const Lease* lease = &*a.lease;
     ctx.time_left_ = [lease] { return lease->safe_time_left(); };
   } else if (a.lock) {
     ctx.fence_ = a.lock->fence();
-    if (a.lock->permits() > 0) ctx.permit_slot_ = a.lock->permit_slot();
+    if (a.lock->permits() > 0) {
+      ctx.permit_slot_ = a.lock->permit_slot();
+      ctx.permits_ = a.lock->permits();
+    }
     // A plain lock's time is its TTL from the grant, less the same drift
     // allowance a lease takes (the server's clock may run faster than ours).
     const auto expires = a.lock->acquired_at() + a.lock->ttl() - a.lock->ttl() / 100 - milliseconds(2);

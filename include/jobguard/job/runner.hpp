@@ -163,6 +163,10 @@ class JobContext {
   // a mutex, with fence(): one high-water mark for the whole resource would
   // refuse the other holders' writes (docs/semaphore.md). nullopt otherwise.
   std::optional<int> permit_slot() const noexcept { return permit_slot_; }
+  // A class with permits: the count the permit was granted under
+  // (Lock::permits): the one stored with set_permits when there is one,
+  // which may differ from the class's own. 0 otherwise.
+  int permits() const noexcept { return permits_; }
   // The chunk being run; -1 for an unchunked unit.
   int chunk() const noexcept { return chunk_; }
   // "<class>/<resource>/<run_id>[/<chunk>]": stable across retries and
@@ -191,6 +195,7 @@ class JobContext {
   bool guarded_ = false;
   std::optional<std::int64_t> fence_;
   std::optional<int> permit_slot_;
+  int permits_ = 0;
   int chunk_ = -1;
   std::stop_token stop_;
   guard::PgTransaction* tx_ = nullptr;

@@ -125,7 +125,8 @@ using AsyncJobEffect = std::function<boost::asio::awaitable<std::string>(WorkIte
 //   JOBGUARD_IDEMPOTENCY_KEY  class/resource/run_id: pass it downstream
 //   JOBGUARD_FENCE            the fencing token (fenced classes)
 //   JOBGUARD_PERMITS, JOBGUARD_PERMIT_SLOT
-//                             a class with permits: N, and this holder's
+//                             a class with permits: N (the stored count
+//                             when set_permits set one), and this holder's
 //                             slot in 0..N-1 (JobContext::permit_slot)
 //   JOBGUARD_FIELD_<NAME>     each job field (NAME upper-cased; other than
 //                             A-Z and 0-9 -> '_')

@@ -257,6 +257,16 @@ TEST_F(JobsCli, WorkersRunEachJobExactlyOnceAndSeeTheirEnvironment) {
   EXPECT_EQ(told[1], "3");
   EXPECT_EQ(told[2], "0");
   EXPECT_GT(std::stoll(told[3]), 0);
+
+  // A count changed at run time (set_permits stores it beside the
+  // semaphore): the grant is made under it, and CMD is told that one, not
+  // the catalog's.
+  admin("SET jobguard:permits:{t:80} 5");
+  add({"id=80"});
+  const auto changed = jobs("work", work_args({"--max-jobs", "1", "--catalog", cat},
+                                              {"sh", "-c", "printf '%s\\n' \"$JOBGUARD_PERMITS\" > \"$0\"", env}));
+  ASSERT_EQ(changed.status, 0) << changed.err;
+  EXPECT_EQ(lines(env), (std::vector<std::string>{"5"}));
 }
 
 TEST_F(JobsCli, MaxJobsStopsAfterNFinishedJobs) {

@@ -69,16 +69,19 @@ TEST_F(CatalogRunner, AnUnfencedClassFromTheCatalogGetsNoFence) {
   job::GuardedRunner runner(leases, cls, {.completions = &records});
   std::optional<std::int64_t> fence_seen = 1;
   std::optional<int> slot_seen = 0;
+  int permits_seen = -1;
   std::string pttl_seen;
   const auto r = runner.run({.id = "7", .run_id = "r1"}, [&](job::JobContext& ctx) {
     fence_seen = ctx.fence();
     slot_seen = ctx.permit_slot();
+    permits_seen = ctx.permits();
     pttl_seen = admin("PTTL " + ctx.lock_key());
     return std::string("ok");
   });
   ASSERT_TRUE(r.ok()) << r.detail;
   EXPECT_FALSE(fence_seen.has_value());
   EXPECT_FALSE(slot_seen.has_value()) << "a mutex class has no permit slot";
+  EXPECT_EQ(permits_seen, 0);
   EXPECT_GT(std::stoll(pttl_seen), 30000);  // ttl: 1m
   EXPECT_EQ(admin("EXISTS jobguard:fence:{image:7:thumb}"), "0");
 }
@@ -94,12 +97,14 @@ TEST_F(CatalogRunner, APermitsClassHoldsOneOfTheSemaphoresPermitsNotTheLock) {
   job::GuardedRunner runner(leases, cls, {.completions = &records});
   std::string key_seen, holders_seen, lock_seen;
   std::optional<int> others_permits, slot;
+  int permits = 0;
   std::set<int> slots;
   const auto r = runner.run({.id = "inv-1", .run_id = "r1"}, [&](job::JobContext& ctx) {
     key_seen = ctx.lock_key();
     holders_seen = admin("ZCARD jobguard:sem:{psp:acme-pay}");
     lock_seen = admin("EXISTS jobguard:lock:{psp:acme-pay}");
     slot = ctx.permit_slot();
+    permits = ctx.permits();
     // The four others of the five fit beside this holder; a sixth does not.
     std::vector<Lock> others;
     for (int i = 0; i < 5; ++i)
@@ -113,6 +118,7 @@ TEST_F(CatalogRunner, APermitsClassHoldsOneOfTheSemaphoresPermitsNotTheLock) {
   ASSERT_TRUE(slot.has_value());
   EXPECT_GE(*slot, 0);
   EXPECT_LT(*slot, 5);
+  EXPECT_EQ(permits, 5);
   EXPECT_EQ(slots.size(), 4u);
   EXPECT_EQ(slots.count(*slot), 0u);
   EXPECT_EQ(key_seen, "jobguard:sem:{psp:acme-pay}");
