@@ -7,7 +7,7 @@ Pipes N operations (each workload's commands, pipelined by redis-cli --pipe so
 the server, not a client, is the limit) into a redis-server and divides the
 server's used_cpu_user+used_cpu_sys delta by N. Workloads:
   min0    EVALSHA of `return 1`, no keys, no arguments (a script's fixed cost)
-  min6    the same with six keys and eight arguments (rw_acquire.lua's shape)
+  min6    the same with six keys and nine arguments (rw_acquire.lua's shape)
   mutex   a mutex pair: SET NX PX, then release.lua (the CLI bench's mutex)
   read    --batch B read acquires (a 10 s wait, so each names its place in
           the line) in one rw_acquire.lua call, then their B releases in one
@@ -73,7 +73,7 @@ def workload(port, name, pairs, batch):
             if name == "min0":
                 cmds.append(resp("EVALSHA", sha, 0))
             else:
-                cmds.append(resp("EVALSHA", sha, 6, *RW_KEYS, "tok%d" % i, 30000, 0, "r", 1, 2000, "", "tok%d" % i))
+                cmds.append(resp("EVALSHA", sha, 6, *RW_KEYS, "tok%d" % i, 30000, 0, "r", 1, 2000, "", "", "tok%d" % i))
     elif name == "mutex":
         sha = load(port, "release.lua")
         for i in range(pairs):
@@ -97,9 +97,10 @@ def workload(port, name, pairs, batch):
 
 
 def acquire_call(sha, toks):
-    # rw_acquire.lua: ARGV 1 mode, 2 evicted count ('' = not checked), then
-    # per attempt: token, ttl, fence, join, waiter lease, waiter id.
-    args = ["r", ""]
+    # rw_acquire.lua: ARGV 1 mode, 2 evicted count ('' = not checked), 3 the
+    # checked epoch ('' = not compared), then per attempt: token, ttl, fence,
+    # join, waiter lease, waiter id.
+    args = ["r", "", ""]
     for t in toks:
         args += [t, 30000, 0, 1, 2000, t]
     return resp("EVALSHA", sha, 6, *RW_KEYS, *args)

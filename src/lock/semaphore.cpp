@@ -9,6 +9,7 @@
 #include "jobguard/error.hpp"
 #include "jobguard/redis/client.hpp"
 #include "lock/inspect_internal.hpp"
+#include "lock/quarantine.hpp"
 #include "lock/rwlock_internal.hpp"
 #include "lock/semaphore_internal.hpp"
 
@@ -79,26 +80,38 @@ void SemaphoreCalls::add(BatchKey key, MakeBatch&& make, std::vector<std::string
   });
 }
 
+namespace {
+// A batch's keys: the script's own, then the lock-state record when the
+// epoch is compared.
+std::vector<std::string> with_record(const std::vector<std::string>& keys, const std::string& epoch) {
+  auto out = keys;
+  if (!epoch.empty()) out.emplace_back(kLockStateKey);
+  return out;
+}
+}  // namespace
+
 void SemaphoreCalls::acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted,
-                             const redis::Confirm& confirm, std::vector<std::string> item,
+                             const std::string& epoch, const redis::Confirm& confirm, std::vector<std::string> item,
                              redis::ConfirmedCompletion done) {
-  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted, confirm.replicas,
+  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted + ' ' + epoch, confirm.replicas,
                static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
   const auto make = [&] {
-    return Batch{&sem_acquire_script(), keys, {std::to_string(permits), evicted}, confirm, {}};
+    return Batch{&sem_acquire_script(), with_record(keys, epoch), {std::to_string(permits), evicted, epoch}, confirm, {}};
   };
   add(std::move(key), make, std::move(item), std::move(done));
 }
 
 void SemaphoreCalls::acquire_rw(const std::vector<std::string>& keys, LockMode mode, const std::string& evicted,
-                                const redis::Confirm& confirm, std::vector<std::string> item,
-                                redis::ConfirmedCompletion done) {
+                                const std::string& epoch, const redis::Confirm& confirm,
+                                std::vector<std::string> item, redis::ConfirmedCompletion done) {
   // One mode a call: a call of readers takes the common case's few calls
   // (rw_acquire.lua) unless a writer holds or waits.
   const bool writer = mode == LockMode::exclusive;
-  BatchKey key{keys[0], &rw_acquire_script(), writer ? 1 : 0, evicted, confirm.replicas,
+  BatchKey key{keys[0], &rw_acquire_script(), writer ? 1 : 0, evicted + ' ' + epoch, confirm.replicas,
                static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
-  const auto make = [&] { return Batch{&rw_acquire_script(), keys, {writer ? "w" : "r", evicted}, confirm, {}}; };
+  const auto make = [&] {
+    return Batch{&rw_acquire_script(), with_record(keys, epoch), {writer ? "w" : "r", evicted, epoch}, confirm, {}};
+  };
   add(std::move(key), make, std::move(item), std::move(done));
 }
 

@@ -39,15 +39,19 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
  public:
   explicit SemaphoreCalls(redis::Client& client) : client_(client) {}
   // One attempt: `item` is its six per-attempt arguments (sem_acquire.lua);
-  // `keys` its five keys; done gets its own reply.
-  void acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted, const redis::Confirm& confirm,
-               std::vector<std::string> item, redis::ConfirmedCompletion done);
+  // `keys` its five keys; done gets its own reply. `epoch`: the lock-state
+  // record's id the grant is admitted under, compared in the script ("" =
+  // not compared: a cluster, whose record is in another slot).
+  void acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted,
+               const std::string& epoch, const redis::Confirm& confirm, std::vector<std::string> item,
+               redis::ConfirmedCompletion done);
   void release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
                LockService::ReleaseHandler done);
   // A reader's or the writer's attempt: `item` is its six per-attempt
   // arguments (rw_acquire.lua), `keys` its six keys.
   void acquire_rw(const std::vector<std::string>& keys, LockMode mode, const std::string& evicted,
-                  const redis::Confirm& confirm, std::vector<std::string> item, redis::ConfirmedCompletion done);
+                  const std::string& epoch, const redis::Confirm& confirm, std::vector<std::string> item,
+                  redis::ConfirmedCompletion done);
   void release_rw(const KeyBuilder& keys, const std::string& resource, std::string token, LockMode mode,
                   LockService::ReleaseHandler done);
 
@@ -59,7 +63,7 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
     std::vector<redis::ConfirmedCompletion> done;
   };
   // The holders' key, the script, the count (a read-write lock: its mode), the
-  // eviction count, the confirmation.
+  // eviction count and the epoch (one string), the confirmation.
   using BatchKey = std::tuple<std::string, const void*, int, std::string, int, long long, bool>;
   redis::ConfirmedCompletion release_completion(LockService::ReleaseHandler done);
   template <class MakeBatch>

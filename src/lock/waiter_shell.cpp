@@ -284,7 +284,7 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
     const bool may_wait = opts_.wait.count() > 0;
     auto on_reply = [self = shared_from_this(), may_wait](std::error_code ec, redis::Reply r, redis::Confirmation c) {
       if (ec) return self->failed(ec, std::move(r.str));
-      if (!r.is_array() || r.elements.size() < 3 || !r.elements[0].is_integer())
+      if (!r.is_array() || r.elements.size() < 2 || !r.elements[0].is_integer())
         return self->failed(make_error_code(errc::protocol_error),
                             std::string(self->rw() ? "unexpected reply to the read-write lock's acquire script: "
                                                    : "unexpected reply to the semaphore acquire script: ") +
@@ -317,11 +317,15 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
                                      may_wait ? "1" : "0",
                                      std::to_string(waiter_lease().count()),
                                      waiter_id_};
+    // Compared in the script, as acquire.lua's grants are (send()): one
+    // server only, the record being in another slot on a cluster.
+    static const std::string none;
+    const std::string& epoch = gate_->watches_clock() ? ticket_->epoch : none;
     if (rw())
-      return impl_->semaphore_calls->acquire_rw(script_keys_, opts_.mode, ticket_->evicted_for(key_), confirm(),
-                                                std::move(item), std::move(on_reply));
-    impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), confirm(), std::move(item),
-                                    std::move(on_reply));
+      return impl_->semaphore_calls->acquire_rw(script_keys_, opts_.mode, ticket_->evicted_for(key_), epoch,
+                                                confirm(), std::move(item), std::move(on_reply));
+    impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), epoch, confirm(),
+                                    std::move(item), std::move(on_reply));
   }
 
   void send() {

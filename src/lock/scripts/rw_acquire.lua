@@ -10,18 +10,20 @@
 --       3 fence counter (the mutex's: the same high-water mark and floor),
 --       4 waiters' line (zset: waiter id scored by first arrival, server µs),
 --       5 the line's liveness (zset: waiter id scored by expiry, server ms),
---       6 the writers in the line (zset: writer's id scored by its arrival)
+--       6 the writers in the line (zset: writer's id scored by its arrival),
+--       7 the lock-state record (only with ARGV[3])
 -- ARGV: 1 'r' (shared) | 'w' (exclusive), 2 on a server that evicts keys: the
 --       evicted_keys count its lock-state record was checked at ('' elsewhere),
+--       3 the record's epoch id the client checked ('' = not compared),
 --       then per attempt, 6 each: token, ttl ms, fence 0|1, join the line if
 --       busy 0|1, waiter lease ms, the waiter's id in the line ('' = try once)
 -- Returns per attempt {1, fence or -1, -1, 0} when granted, {0, ms until the
 -- soonest holder's lease ends (-1 none), 0} when busy, {-1, evicted} when
--- keys were evicted since that check (sem_acquire.lua's replies, without a
--- slot).
+-- keys were evicted since that check or the record is not the one checked
+-- (sem_acquire.lua's replies, without a slot).
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
-local items = (#ARGV - 2) / 6
+local items = (#ARGV - 3) / 6
 local out = {}
 if ARGV[2] ~= '' then
   local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
@@ -29,6 +31,13 @@ if ARGV[2] ~= '' then
     for i = 1, items do out[i] = {-1, ev or -1} end
     return out
   end
+end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[7], 'id') ~= ARGV[3] then
+  -- The lock-state record changed since the client's check (another client
+  -- found a restart, an eviction or a clock step and started a quarantine):
+  -- a grant now could join a holder whose lease that loss took.
+  for i = 1, items do out[i] = {-1, -1} end
+  return out
 end
 -- Numbers go to Redis as strings made with '%d' here: a Lua number passed
 -- as it is is printed with '%.17g', which costs more than the command.
@@ -71,7 +80,7 @@ if not writer then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     local grants, waiters, max_ttl = {}, {}, 0
     for i = 1, items do
-      local a = 2 + (i - 1) * 6
+      local a = 3 + (i - 1) * 6
       local ttl = tonumber(ARGV[a + 2])
       if ttl > max_ttl then max_ttl = ttl end
       grants[#grants + 1] = string.format('%d', now_ms + ttl)
@@ -82,6 +91,13 @@ if not writer then
     store(grants, waiters, max_ttl)
     return out
   end
+end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[7], 'id') ~= ARGV[3] then
+  -- The lock-state record changed since the client's check (another client
+  -- found a restart, an eviction or a clock step and started a quarantine):
+  -- a grant now could join a holder whose lease that loss took.
+  for i = 1, items do out[i] = {-1, -1} end
+  return out
 end
 
 -- A lease ends at its expiry by the server's clock and not a moment before:
@@ -148,7 +164,7 @@ local function soonest_end()
 end
 
 for i = 1, items do
-  local a = 2 + (i - 1) * 6
+  local a = 3 + (i - 1) * 6
   if may_enter(a) then
     local ttl = tonumber(ARGV[a + 2])
     local f = fence_for(a)

@@ -8,14 +8,16 @@
 --       high-water mark and floor), 3 waiters' line (zset: waiter id scored
 --       by first arrival, server µs), 4 the line's liveness (zset: waiter id
 --       scored by expiry, server ms), 5 the stored permit count (string;
---       absent = ARGV[4])
+--       absent = ARGV[4]), 6 the lock-state record (only with ARGV[3])
 -- ARGV: 1 permits asked for, 2 on a server that evicts keys: the
 --       evicted_keys count its lock-state record was checked at ('' elsewhere),
+--       3 the record's epoch id the client checked ('' = not compared),
 --       then per attempt, 6 each: token, ttl ms, fence 0|1, join the line if
 --       busy 0|1, waiter lease ms, the waiter's id in the line ('' = try once)
 -- Returns per attempt {1, fence or -1, slot, permits} when granted, {0, ms
 -- until the soonest holder's lease ends (-1 none), permits} when busy,
--- {-1, evicted} when keys were evicted since that check.
+-- {-1, evicted} when keys were evicted since that check or the record is not
+-- the one checked.
 --
 -- The holders' zset has two kinds of members, so that a grant finds a free
 -- slot without reading every holder and one key holds all of it (it expires,
@@ -29,7 +31,7 @@
 -- member in the same step (sem_release.lua, sem_extend.lua, the admin's).
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
-local items = (#ARGV - 2) / 6
+local items = (#ARGV - 3) / 6
 local out = {}
 if ARGV[2] ~= '' then
   local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
@@ -37,6 +39,13 @@ if ARGV[2] ~= '' then
     for i = 1, items do out[i] = {-1, ev or -1} end
     return out
   end
+end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[6], 'id') ~= ARGV[3] then
+  -- The lock-state record changed since the client's check (another client
+  -- found a restart, an eviction or a clock step and started a quarantine):
+  -- a grant now could join a holder whose lease that loss took.
+  for i = 1, items do out[i] = {-1, -1} end
+  return out
 end
 -- Numbers go to Redis as strings made with '%d' here: a Lua number passed
 -- as it is is printed with '%.17g', which costs more than the command.
@@ -64,7 +73,7 @@ local fence, fenced, max_ttl = nil, false, 0
 local stored_soonest = nil  -- the soonest lease end among the holders stored before this call
 local granted = {}          -- {item, expiry ms, token} of each grant, in order
 for i = 1, items do
-  local a = 2 + (i - 1) * 6
+  local a = 3 + (i - 1) * 6
   local token, ttl, waiter = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 6]
   local free = n - live
   -- FIFO: the permits free now go to the first `free` waiters in line; a

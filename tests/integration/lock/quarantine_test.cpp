@@ -149,27 +149,43 @@ TEST_F(QuarantineTest, AFlushedServerIsQuarantinedAtTheNextRecheck) {
 }
 
 // Another client found the loss first and wrote the quarantine after this
-// client's check, which is still current (no reconnect, recheck far off): the
-// fenced grant compares the record's epoch in acquire.lua and is refused,
-// where the ticket alone would have granted it beside the holder whose key
-// the flush took. A try-once unfenced SET NX carries no such comparison and
-// waits for the next check (docs/lock-safety.md, "Windows").
+// client's check, which is still current (no reconnect, recheck far off): a
+// script grant (a fenced lock, a semaphore's permit, a reader) compares the
+// record's epoch in its script and is refused, where the ticket alone would
+// have granted it beside the holder whose key the flush took. A try-once
+// unfenced SET NX carries no such comparison and waits for the next check
+// (docs/lock-safety.md, "Quarantine after lost lock state").
 TEST_F(QuarantineTest, AQuarantineAnotherClientWroteAfterThisClientsCheckRefusesItsScriptGrant) {
-  auto c1 = make_client();
-  auto c2 = make_client();
-  auto s1 = LockService::create(*c1, KeyBuilder(), QuarantineOptions{.max_ttl = 3s, .recheck = 60s});
-  auto s2 = service(*c2, 3s);
-  auto held = s1->acquire(resource("a"), LockOptions{.ttl = 2s, .fence = true});
-  ASSERT_TRUE(held);
+  const std::vector<LockOptions> kinds = {LockOptions{.ttl = 2s, .fence = true},
+                                          LockOptions{.ttl = 2s, .permits = 1},
+                                          LockOptions{.ttl = 2s, .mode = LockMode::exclusive}};
+  std::vector<std::unique_ptr<redis::Client>> clients;
+  std::vector<std::shared_ptr<LockService>> services;
+  std::vector<Lock> held;
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    clients.push_back(make_client());
+    services.push_back(LockService::create(*clients.back(), KeyBuilder(),
+                                           QuarantineOptions{.max_ttl = 3s, .recheck = 60s}));
+    auto l = services.back()->acquire(resource(std::to_string(i)), kinds[i]);
+    ASSERT_TRUE(l) << "kind " << i;
+    held.push_back(std::move(*l));
+  }
   admin("FLUSHALL");
-  const std::string found = refusal(*s2, resource("b"));
+  auto c2 = make_client();
+  auto s2 = service(*c2, 3s);
+  const std::string found = refusal(*s2, resource("other"));
   ASSERT_NE(found.find("no lock-state record"), std::string::npos) << found;
-  try {
-    auto second = s1->acquire(resource("a"), LockOptions{.ttl = 300ms, .fence = true});
-    FAIL() << "granted (" << (second ? "held" : "busy") << ") under a check the record no longer matches";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << e.what();
-    EXPECT_NE(std::string(e.what()).find("no lock-state record"), std::string::npos) << e.what();
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    auto o = kinds[i];
+    o.ttl = 300ms;
+    try {
+      auto second = services[i]->acquire(resource(std::to_string(i)), o);
+      ADD_FAILURE() << "kind " << i << " granted (" << (second ? "held" : "busy")
+                    << ") under a check the record no longer matches";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << "kind " << i << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("no lock-state record"), std::string::npos) << e.what();
+    }
   }
 }
 
