@@ -176,13 +176,18 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
       keys[n + i] = k.fence_key(resources_[i]);
       tokens[i] = make_token(once_.job_id);
     }
+    // The epoch compared in the script as acquire.lua's grants do it, on one
+    // server (on a cluster the record is in another slot than the keys).
+    const bool compare = gate_->watches_clock() && !ticket->epoch.empty();
     std::vector<std::string> args = {std::to_string(once_.ttl.count()), once_.fence ? "1" : "0",
-                                     ticket->script_evicted_for(keys[0])};
+                                     ticket->script_evicted_for(keys[0]), compare ? ticket->epoch : std::string()};
     args.insert(args.end(), tokens.begin(), tokens.end());
+    std::vector<std::string> call_keys = keys;
+    if (compare) call_keys.emplace_back(detail::kLockStateKey);
     const auto sent_at = svc_->clock().now();
     const auto steady_sent = std::chrono::steady_clock::now();
     svc_->client().async_eval(
-        script_acquire_all(), keys, std::move(args),
+        script_acquire_all(), std::move(call_keys), std::move(args),
         [self = shared_from_this(), ticket, keys, tokens = std::move(tokens), sent_at, steady_sent](
             std::error_code ec, redis::Reply r) mutable {
           auto& m = self->metrics();
@@ -199,9 +204,12 @@ class AllOrNone : public std::enable_shared_from_this<AllOrNone> {
                                 std::nullopt);
           const auto verdict = r.elements[0].integer;
           if (verdict == -1) {
-            // Keys were evicted since the gate's check: check again.
+            // Keys were evicted or the record changed since the gate's
+            // check: nothing was written; ask again at once, through a new
+            // check, which answers with the quarantine (a try-once attempt
+            // must not end as "busy" when the server lost lock state).
             self->gate_->invalidate();
-            return self->after_roll_back(Error(), Error());
+            return self->round();
           }
           if (verdict == 0) {
             m.busy_total.inc();

@@ -8,6 +8,7 @@
 
 #include "jobguard/error.hpp"
 #include "jobguard/lease.hpp"
+#include "jobguard/multilock.hpp"
 #include "support/redis_fixture.hpp"
 
 using namespace std::chrono_literals;
@@ -150,9 +151,10 @@ TEST_F(QuarantineTest, AFlushedServerIsQuarantinedAtTheNextRecheck) {
 
 // Another client found the loss first and wrote the quarantine after this
 // client's check, which is still current (no reconnect, recheck far off): a
-// script grant (a fenced lock, a semaphore's permit, a reader) compares the
-// record's epoch in its script and is refused, where the ticket alone would
-// have granted it beside the holder whose key the flush took. A try-once
+// script grant (a fenced lock, a semaphore's permit, a writer, an all-or-none
+// lock) compares the record's epoch in its script and is refused, where the
+// ticket alone would have granted it beside the holder whose key the flush
+// took. A try-once
 // unfenced SET NX carries no such comparison and waits for the next check
 // (docs/lock-safety.md, "Quarantine after lost lock state").
 TEST_F(QuarantineTest, AQuarantineAnotherClientWroteAfterThisClientsCheckRefusesItsScriptGrant) {
@@ -170,6 +172,12 @@ TEST_F(QuarantineTest, AQuarantineAnotherClientWroteAfterThisClientsCheckRefuses
     ASSERT_TRUE(l) << "kind " << i;
     held.push_back(std::move(*l));
   }
+  // And an all-or-none lock of two.
+  auto multi_client = make_client();
+  auto multi_svc = LockService::create(*multi_client, KeyBuilder(), QuarantineOptions{.max_ttl = 3s, .recheck = 60s});
+  const std::vector<std::string> pair = {resource("m1"), resource("m2")};
+  auto both = acquire_all(*multi_svc, pair, LockOptions{.ttl = 2s});
+  ASSERT_TRUE(both);
   admin("FLUSHALL");
   auto c2 = make_client();
   auto s2 = service(*c2, 3s);
@@ -186,6 +194,14 @@ TEST_F(QuarantineTest, AQuarantineAnotherClientWroteAfterThisClientsCheckRefuses
       EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << "kind " << i << ": " << e.what();
       EXPECT_NE(std::string(e.what()).find("no lock-state record"), std::string::npos) << e.what();
     }
+  }
+  try {
+    auto again = acquire_all(*multi_svc, pair, LockOptions{.ttl = 300ms});
+    ADD_FAILURE() << "all-or-none granted (" << (again ? "held" : "busy")
+                  << ") under a check the record no longer matches";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::server_busy)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no lock-state record"), std::string::npos) << e.what();
   }
 }
 
