@@ -61,14 +61,14 @@ void SentinelRedis::start(std::chrono::milliseconds timeout) {
   const std::uint16_t primary = data_->tls() ? data_->primary().tls_port() : data_->primary().port();
   for (auto& s : sentinels_) {
     EmbeddedRedisOptions o = sentinel_base_;
-    // down-after 1 s, failover-timeout 2 s: the production defaults (30 s,
-    // 3 min) would make a test of a failover last minutes.
+    // down-after 1 s (down_after()), failover-timeout 2 s: the production
+    // defaults (30 s, 3 min) would make a test of a failover last minutes.
     o.config_text = fmt::format(
         "sentinel monitor {0} 127.0.0.1 {1} 2\n"
-        "sentinel down-after-milliseconds {0} 1000\n"
+        "sentinel down-after-milliseconds {0} {2}\n"
         "sentinel failover-timeout {0} 2000\n"
         "sentinel parallel-syncs {0} 2\n",
-        master_, primary);
+        master_, primary, down_after_.count());
     o.extra_args = {"--sentinel"};
     if (data_->tls()) o.extra_args.insert(o.extra_args.end(), {"--tls-replication", "yes"});
     s = std::make_unique<EmbeddedRedis>(o);

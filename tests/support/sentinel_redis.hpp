@@ -36,6 +36,11 @@ class SentinelRedis {
   // Before start(): the sentinels also listen with TLS (--tls-port) on this
   // certificate; they still talk to the data nodes and each other in plain.
   void sentinel_tls(std::string cert_file, std::string key_file, std::string ca_file);
+  // Before start(): how long the primary may not answer before the sentinels
+  // fail it over (1 s by default, so failover tests are quick). A test that
+  // fails nothing over sets more: on a loaded host a primary starved of the
+  // CPU for a second is failed over, and the test then meets a new primary.
+  void down_after(std::chrono::milliseconds d) { down_after_ = d; }
   // Before start(): TLS everywhere. The sentinels as sentinel_tls(), the data
   // nodes listen with TLS and replicate over it, and the sentinels reach the
   // data nodes and each other over TLS (--tls-replication yes), so every
@@ -65,6 +70,7 @@ class SentinelRedis {
   std::string tls_list() const;  // "127.0.0.1:A,127.0.0.1:B,...", the sentinels' TLS ports
   std::string master_;
   EmbeddedRedisOptions sentinel_base_;
+  std::chrono::milliseconds down_after_{1000};
   std::unique_ptr<ReplicatedRedis> data_;
   std::vector<std::unique_ptr<EmbeddedRedis>> sentinels_;
 };

@@ -272,6 +272,7 @@ TEST(ServerTrustCluster, OneShardWithSignsRefusesEveryShard) {
 
 TEST(ServerTrustSentinel, ASentinelManagedPrimaryCreatedAMomentAgoIsTrustedThenRunBenchServeWork) {
   SentinelRedis dep(1, 3);
+  dep.down_after(30s);  // nothing here fails over: a starved primary must not be
   dep.start();
   auto refused = run_jobguard({"--redis", dep.url(), "run", "--key", "k", "--", "true"}, 30s);
   EXPECT_EQ(refused.status, 69) << refused.err;
