@@ -92,13 +92,6 @@ if not writer then
     return out
   end
 end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[7], 'id') ~= ARGV[3] then
-  -- The lock-state record changed since the client's check (another client
-  -- found a restart, an eviction or a clock step and started a quarantine):
-  -- a grant now could join a holder whose lease that loss took.
-  for i = 1, items do out[i] = {-1, -1} end
-  return out
-end
 
 -- A lease ends at its expiry by the server's clock and not a moment before:
 -- a crashed holder's place comes back here, on the first attempt after it.
