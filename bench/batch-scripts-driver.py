@@ -25,8 +25,9 @@ def rd(p):
 def fn(name, body): return "local function %s(KEYS, ARGV)\n%s\nend\n" % (name, body)
 stored = rd('src/guard/scripts/stored.lua')
 # The lock's named forms, as src/lock/composed.cpp adds them.
-grant_once = ("local function grant_once(lock, fence_counter, token, ttl_ms, fence, evicted)\n"
-              "  return acquire({lock, fence_counter}, {token, ttl_ms, fence, '0', '0', '0', '', evicted})\nend\n")
+grant_once = ("local function grant_once(lock, fence_counter, record, token, ttl_ms, fence, evicted, epoch)\n"
+              "  return acquire({lock, fence_counter, lock, lock, lock, record},\n"
+              "                 {token, ttl_ms, fence, '0', '0', '0', '', evicted, '', '', '0', epoch})\nend\n")
 release_held = ("local function release_held(lock, waiters, token, channel, sharded)\n"
                 "  return release({lock, waiters}, {token, channel, '', sharded})\nend\n")
 claim_parts = stored + fn('acquire', rd('src/lock/scripts/acquire.lua')) + grant_once + fn('idem_begin', rd('src/guard/scripts/idempotency_begin.lua'))
@@ -64,13 +65,15 @@ def layout(calls, nk):
     for c in calls: out += [c[j] for j in range(na) if mask[j] == 'p']
     return out
 p = 'bench:x:'
+# The lock-state record as a check left it: the claims compare its id.
+call('HSET', 'jobguard:epoch', 'id', 'bench-epoch')
 for r in range(rounds):
     units = ['u%d_%d' % (r, i) for i in range(B)]
     keys, calls = [], []
     for u in units:
-        keys += [p + 'lock:{%s}' % u, p + 'fence:{%s}' % u, p + 'done:' + u, p + 'idem:' + u]
-        calls.append(['tok-' + u, '30000', '0', '', 'fp-' + u, 'owner-tok-' + u, '30000', '600000', 'defer'])
-    rep = call('EVALSHA', csha, len(keys), *keys, *layout(calls, 4))
+        keys += [p + 'lock:{%s}' % u, p + 'fence:{%s}' % u, 'jobguard:epoch', p + 'done:' + u, p + 'idem:' + u]
+        calls.append(['tok-' + u, '30000', '0', '', 'bench-epoch', 'fp-' + u, 'owner-tok-' + u, '30000', '600000', 'defer'])
+    rep = call('EVALSHA', csha, len(keys), *keys, *layout(calls, 5))
     if not NOA: assert rep[0][0] == b'1' or rep[0][0] == 1, rep[0]
     keys, calls = [], []
     for u in units:

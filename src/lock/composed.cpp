@@ -32,8 +32,9 @@ std::string as_lua_function(std::string_view name, std::string_view body) {
 // unused) stay here, beside those scripts, not in the callers' scripts.
 std::string acquire_as_function() {
   return as_lua_function("acquire", lock_scripts::acquire) +
-         "local function grant_once(lock, fence_counter, token, ttl_ms, fence, evicted)\n"
-         "  return acquire({lock, fence_counter}, {token, ttl_ms, fence, '0', '0', '0', '', evicted})\n"
+         "local function grant_once(lock, fence_counter, record, token, ttl_ms, fence, evicted, epoch)\n"
+         "  return acquire({lock, fence_counter, lock, lock, lock, record},\n"
+         "                 {token, ttl_ms, fence, '0', '0', '0', '', evicted, '', '', '0', epoch})\n"
          "end\n";
 }
 std::string release_as_function() {
@@ -203,8 +204,10 @@ void async_attempt_composed(LockService& svc, std::string resource, const LockOp
   const bool plain = !c.plain_checks.empty() && !opts.fence && ticket->evicted.empty();
   ComposedReply on_reply{svc.shared_from_this(), gate, ticket, sent_at, resource, opts, token, std::move(done)};
   if (plain) return send_plain(svc, key, token, ttl, std::move(c), std::move(on_reply), call);
-  std::vector<std::string> keys{key, k.fence_key(resource)};
-  std::vector<std::string> args{token, ttl, opts.fence ? "1" : "0", ticket->script_evicted_for(key)};
+  // One server here (a cluster took the ordinary path above): the record is
+  // the one every client of it reads, compared in the script.
+  std::vector<std::string> keys{key, k.fence_key(resource), kLockStateKey};
+  std::vector<std::string> args{token, ttl, opts.fence ? "1" : "0", ticket->script_evicted_for(key), ticket->epoch};
   keys.insert(keys.end(), std::make_move_iterator(c.keys.begin()), std::make_move_iterator(c.keys.end()));
   args.insert(args.end(), std::make_move_iterator(c.args.begin()), std::make_move_iterator(c.args.end()));
   if (c.eval) return c.eval(std::move(keys), std::move(args), std::move(on_reply), call);

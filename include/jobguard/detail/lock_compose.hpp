@@ -26,10 +26,12 @@ namespace jobguard::detail {
 
 // The lock's grant and release as Lua functions a composed script calls by
 // name, with named parameters:
-//   grant_once(lock, fence_counter, token, ttl_ms, fence, evicted)
+//   grant_once(lock, fence_counter, record, token, ttl_ms, fence, evicted, epoch)
 //     a try-once, non-fair grant: acquire.lua's reply ({1, fence or -1},
 //     {0, pttl}, {-1, evicted_keys}); fence '1' | '0'; evicted the gate's
-//     evicted_keys or '' (where the server does not evict);
+//     evicted_keys or '' (where the server does not evict); record the
+//     lock-state record and epoch its id at the gate's check ('' = not
+//     compared): a record changed since is {-1, -1};
 //   release_held(lock, waiters, token, channel, sharded)
 //     release.lua's reply (0 not ours, 1 released, 2 released and a waiter
 //     woken); waiters the lock's default-mode waiters key; sharded '1' on a
@@ -41,20 +43,22 @@ std::string release_as_function();
 // Any script's text as `local function <name>(KEYS, ARGV) ... end`.
 std::string as_lua_function(std::string_view name, std::string_view body);
 
-// A try-once, non-fair grant attempt through `script`, which gets the two
-// keys and four arguments of acquire.lua such a grant reads first — KEYS 1
-// the lock, 2 its fence counter; ARGV 1 token, 2 ttl ms, 3 fence 0|1, 4 the
-// gate's evicted_keys ('' where the server does not evict) — and the
-// caller's after them. The script calls
-//   grant_once(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+// A try-once, non-fair grant attempt through `script`, which gets the three
+// keys and five arguments such a grant reads first — KEYS 1 the lock, 2 its
+// fence counter, 3 the lock-state record; ARGV 1 token, 2 ttl ms, 3 fence
+// 0|1, 4 the gate's evicted_keys ('' where the server does not evict), 5 the
+// record's epoch id at the gate's check — and the caller's after them. The
+// script calls
+//   grant_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 // and returns {status, fence or pttl, part}:
-// status 1 granted, 0 busy, -1 keys evicted since the gate's check (all as
-// acquire.lua), 2 declined by the caller's own check before the grant; `part`
+// status 1 granted, 0 busy, -1 keys evicted or the record changed since the
+// gate's check (all as acquire.lua), 2 declined by the caller's own check
+// before the grant; `part`
 // is the caller's and handed back as it is.
 struct ComposedAttempt {
   const redis::Script* script = nullptr;  // static: outlives the call
-  std::vector<std::string> keys;          // after the lock's two
-  std::vector<std::string> args;          // after its four
+  std::vector<std::string> keys;          // after the lock's three
+  std::vector<std::string> args;          // after its five
   // Sends the call instead of client.async_eval(*script, ...) when set (the
   // job runner's batcher: src/job/fused.hpp); the same contract.
   std::function<void(std::vector<std::string> keys, std::vector<std::string> args, redis::Completion done,

@@ -16,22 +16,23 @@
 -- Arguments are read inline, as finish_many.lua says why.
 local n, nk, na, _, _, parts, num, sh, at, np = batch_layout(KEYS, ARGV)
 local out, common, look = {}, {}, {}
-if nk == 4 and na == 9 then
-  local s3, a3, s9, a9 = sh[3], at[3], sh[9], at[9]
+if nk == 5 and na == 10 then
+  local s3, a3, s10, a10 = sh[3], at[3], sh[10], at[10]
   for i = 1, n do
     local o = (i - 1) * np
-    if (s3 or ARGV[a3 + o]) == '0' and (s9 or ARGV[a9 + o]) == 'defer' then
+    if (s3 or ARGV[a3 + o]) == '0' and (s10 or ARGV[a10 + o]) == 'defer' then
       common[#common + 1] = i
-      look[#look + 1] = KEYS[(i - 1) * 4 + 3]
-      look[#look + 1] = KEYS[(i - 1) * 4 + 4]
+      look[#look + 1] = KEYS[(i - 1) * 5 + 4]
+      look[#look + 1] = KEYS[(i - 1) * 5 + 5]
     end
   end
 end
 if #common > 0 and redis.call('EXISTS', unpack(look)) == 0 then
-  -- acquire.lua's eviction check, one INFO for all.
-  local ev
+  -- acquire.lua's eviction check and epoch comparison, one INFO and one
+  -- HGET for all (every call names the same record).
+  local ev, id
   local granted = {1, -1, 'deferred'}
-  local s1, a1, s2, a2, s4, a4 = sh[1], at[1], sh[2], at[2], sh[4], at[4]
+  local s1, a1, s2, a2, s4, a4, s5, a5 = sh[1], at[1], sh[2], at[2], sh[4], at[4], sh[5], at[5]
   for _, i in ipairs(common) do
     local o = (i - 1) * np
     local want = s4 or ARGV[a4 + o]
@@ -39,8 +40,13 @@ if #common > 0 and redis.call('EXISTS', unpack(look)) == 0 then
       ev = ev or tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')) or -1
       if ev ~= num(want) then out[i] = {-1, ev} end
     end
+    local epoch = s5 or ARGV[a5 + o]
+    if not out[i] and epoch ~= '' then
+      id = id or redis.call('HGET', KEYS[(i - 1) * 5 + 3], 'id') or ''
+      if id ~= epoch then out[i] = {-1, -1} end
+    end
     if not out[i] then
-      local lock = KEYS[(i - 1) * 4 + 1]
+      local lock = KEYS[(i - 1) * 5 + 1]
       if redis.call('SET', lock, s1 or ARGV[a1 + o], 'NX', 'PX', s2 or ARGV[a2 + o]) then
         out[i] = granted
       else

@@ -114,12 +114,13 @@ class FusedBatch : public test::RedisTest {
 };
 
 // claim.lua's arguments for a moderate class: the lock, its fence counter,
-// the record, the key; token, ttl, fence, evicted_keys, fingerprint, owner,
-// lease, retention, 'defer' or ''.
+// the lock-state record, the completion record, the key; token, ttl, fence,
+// evicted_keys, the checked epoch, fingerprint, owner, lease, retention,
+// 'defer' or ''.
 Call claim(const std::string& p, const std::string& unit, const std::string& token, const std::string& fence = "0",
-           const std::string& evicted = "", const std::string& defer = "defer") {
-  return Call{{p + "lock:{" + unit + "}", p + "fence:{" + unit + "}", p + "done:" + unit, p + "idem:" + unit},
-              {token, "30000", fence, evicted, "fp-" + unit, "owner-" + token, "30000", "600000", defer}};
+           const std::string& evicted = "", const std::string& defer = "defer", const std::string& epoch = "") {
+  return Call{{p + "lock:{" + unit + "}", p + "fence:{" + unit + "}", p + "epoch", p + "done:" + unit, p + "idem:" + unit},
+              {token, "30000", fence, evicted, epoch, "fp-" + unit, "owner-" + token, "30000", "600000", defer}};
 }
 
 // finish.lua's deferred form: the record, the lock, its waiters, the key;
@@ -134,6 +135,7 @@ Call finish(const std::string& p, const std::string& unit, const std::string& to
 TEST_F(FusedBatch, ClaimsOfFirstRunsGoTogetherAndAnswerAsOneByOne) {
   expect_batch_is_the_singles(job::detail::claim_script(), job::detail::claim_many_script(),
                               [&](const std::string& p) {
+                                run(redis::Command{"HSET", p + "epoch", "id", "e1"});
                                 return std::vector<Call>{
                                     claim(p, "u1", "t1"),
                                     claim(p, "u1", "t2"),  // the same lock: busy
@@ -142,8 +144,30 @@ TEST_F(FusedBatch, ClaimsOfFirstRunsGoTogetherAndAnswerAsOneByOne) {
                                     claim(p, "u4", "t5", "1"),            // fenced: the one-by-one path
                                     claim(p, "u5", "t6", "0", "", ""),    // key written at the claim
                                     claim(p, "u6", "t7"),
+                                    claim(p, "u7", "t8", "0", "", "defer", "e1"),  // the record as checked
+                                    claim(p, "u8", "t9", "0", "", "defer", "e0"),  // a record written since: -1
+                                    claim(p, "u9", "t10", "1", "", "defer", "e0"),  // the same, fenced
                                 };
                               });
+}
+
+// A claim admitted under a lock-state record another client has replaced
+// since (its quarantine) is refused as acquire.lua refuses it, fenced or not,
+// and takes nothing; the same claim under the record as checked is granted.
+TEST_F(FusedBatch, AClaimUnderARecordWrittenSinceItsCheckIsRefusedAndTakesNothing) {
+  const std::string p = key("e:");
+  run(redis::Command{"HSET", p + "epoch", "id", "e1"});
+  for (const std::string fence : {"0", "1"}) {
+    const auto stale = claim(p, "u" + fence, "t" + fence, fence, "", "defer", "e0");
+    const auto r = client_->eval(job::detail::claim_script(), stale.keys, stale.args);
+    ASSERT_TRUE(r.is_array() && !r.elements.empty()) << redis::to_debug_string(r);
+    EXPECT_EQ(r.elements[0].integer, -1) << "fence " << fence << ": " << redis::to_debug_string(r);
+    EXPECT_EQ(run(redis::Command{"EXISTS", stale.keys[0]}).integer, 0) << "fence " << fence;
+  }
+  const auto current = claim(p, "u2", "t2", "1", "", "defer", "e1");
+  const auto r = client_->eval(job::detail::claim_script(), current.keys, current.args);
+  ASSERT_TRUE(r.is_array() && !r.elements.empty()) << redis::to_debug_string(r);
+  EXPECT_EQ(r.elements[0].integer, 1) << redis::to_debug_string(r);
 }
 
 TEST_F(FusedBatch, ClaimsWhereARecordOrKeyExistsAnswerAsOneByOne) {
