@@ -28,8 +28,8 @@ if nk == 5 and na == 10 then
   end
 end
 if #common > 0 and redis.call('EXISTS', unpack(look)) == 0 then
-  -- acquire.lua's eviction check and epoch comparison, one INFO and one
-  -- HGET for all (every call names the same record).
+  -- acquire.lua's eviction check and epoch comparison (epoch_moved.lua),
+  -- one INFO and one HGET for all (every call names the same record).
   local ev, id
   local granted = {1, -1, 'deferred'}
   local s1, a1, s2, a2, s4, a4, s5, a5 = sh[1], at[1], sh[2], at[2], sh[4], at[4], sh[5], at[5]

@@ -17,6 +17,7 @@
 -- ({0, pttl, arrival} for a default-mode waiter), {-1, evicted_keys} when
 -- keys were evicted since that check or the record is not the one checked.
 --#include redis/scripts/server_time.lua
+--#include lock/scripts/epoch_moved.lua
 if ARGV[8] and ARGV[8] ~= '' then
   -- Redis evicts before it runs a command, never inside a script: a count
   -- equal to the checked one means no lock key vanished since the check
@@ -24,12 +25,7 @@ if ARGV[8] and ARGV[8] ~= '' then
   local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
   if ev ~= tonumber(ARGV[8]) then return {-1, ev or -1} end
 end
-if ARGV[12] and ARGV[12] ~= '' and redis.call('HGET', KEYS[6], 'id') ~= ARGV[12] then
-  -- The record changed since the client's check (another client found a
-  -- clock step, a restart, an eviction and started a quarantine): a grant
-  -- now could join a holder whose key that loss took.
-  return {-1, -1}
-end
+if epoch_moved(KEYS[6], ARGV[12]) then return {-1, -1} end
 local token = ARGV[1]
 local fair = ARGV[4] == '1'
 local entry = ARGV[7]

@@ -13,6 +13,7 @@
 -- the one checked (acquire.lua's reasons).
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
+--#include lock/scripts/epoch_moved.lua
 if ARGV[3] ~= '' then
   -- As in acquire.lua: eviction happens before a command, never inside a
   -- script, so an unchanged count means no lock key vanished since the check.
@@ -22,7 +23,7 @@ end
 local n = #KEYS / 2
 if ARGV[4] ~= '' then
   n = (#KEYS - 1) / 2
-  if redis.call('HGET', KEYS[#KEYS], 'id') ~= ARGV[4] then return {-1, -1} end
+  if epoch_moved(KEYS[#KEYS], ARGV[4]) then return {-1, -1} end
 end
 for i = 1, n do
   if redis.call('EXISTS', KEYS[i]) == 1 then return {0, i, redis.call('PTTL', KEYS[i])} end

@@ -23,6 +23,7 @@
 -- (sem_acquire.lua's replies, without a slot).
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
+--#include lock/scripts/epoch_moved.lua
 local items = (#ARGV - 3) / 6
 local out = {}
 if ARGV[2] ~= '' then
@@ -32,10 +33,7 @@ if ARGV[2] ~= '' then
     return out
   end
 end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[7], 'id') ~= ARGV[3] then
-  -- The lock-state record changed since the client's check (another client
-  -- found a restart, an eviction or a clock step and started a quarantine):
-  -- a grant now could join a holder whose lease that loss took.
+if epoch_moved(KEYS[7], ARGV[3]) then
   for i = 1, items do out[i] = {-1, -1} end
   return out
 end

@@ -31,6 +31,7 @@
 -- member in the same step (sem_release.lua, sem_extend.lua, the admin's).
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
+--#include lock/scripts/epoch_moved.lua
 local items = (#ARGV - 3) / 6
 local out = {}
 if ARGV[2] ~= '' then
@@ -40,10 +41,7 @@ if ARGV[2] ~= '' then
     return out
   end
 end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[6], 'id') ~= ARGV[3] then
-  -- The lock-state record changed since the client's check (another client
-  -- found a restart, an eviction or a clock step and started a quarantine):
-  -- a grant now could join a holder whose lease that loss took.
+if epoch_moved(KEYS[6], ARGV[3]) then
   for i = 1, items do out[i] = {-1, -1} end
   return out
 end
