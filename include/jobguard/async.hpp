@@ -29,6 +29,7 @@
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/error.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/system_executor.hpp>
 #include <boost/system/error_code.hpp>
@@ -55,6 +56,13 @@ namespace detail {
 // when the result arrives after the initiating call returned, as it does from
 // the event loop; posted when it arrives inside that call, so a coroutine is
 // never resumed inside its own co_await.
+//
+// The handler's executor counts the operation as outstanding work from the
+// start until the hand-over returns. The result usually arrives on another
+// thread (the client's or a quorum service's loop); without the count, the
+// caller's io_context::run() can run the handler, find nothing left and
+// return, and the caller destroy the io_context while that other thread is
+// still inside post() signalling its wake-up condition.
 template <class Handler>
 class Completer {
  public:
@@ -70,14 +78,16 @@ class Completer {
     auto invoke = [st, ... a = std::forward<Args>(args)]() mutable { std::move(st->h)(std::move(a)...); };
     if (st->initiating.load(std::memory_order_acquire)) boost::asio::post(st->ex, std::move(invoke));
     else boost::asio::dispatch(st->ex, std::move(invoke));
+    st->work.reset();
   }
 
  private:
   struct St {
     St(Handler handler, const boost::asio::any_io_executor& fallback)
-        : h(std::move(handler)), ex(boost::asio::get_associated_executor(h, fallback)) {}
+        : h(std::move(handler)), ex(boost::asio::get_associated_executor(h, fallback)), work(ex) {}
     Handler h;
     boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor> ex;
+    boost::asio::executor_work_guard<decltype(ex)> work;
     std::atomic<bool> initiating{true};
   };
   std::shared_ptr<St> st_;
@@ -348,9 +358,12 @@ auto async_wait_lost(Lease& lease, Token&& token) {
           Op(Handler handler, const boost::asio::any_io_executor& fallback)
               : h(std::move(handler)),
                 ex(boost::asio::get_associated_executor(h, fallback)),
+                work(ex),
                 slot(boost::asio::get_associated_cancellation_slot(h)) {}
           Handler h;
           boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor> ex;
+          // Outstanding until the hand-over returns, as in detail::Completer.
+          boost::asio::executor_work_guard<decltype(ex)> work;
           boost::asio::associated_cancellation_slot_t<Handler> slot;
           std::atomic<bool> initiating{true};
           static void complete(const std::shared_ptr<Op>& op, boost::system::error_code ec, LeaseState how,
@@ -361,6 +374,7 @@ auto async_wait_lost(Lease& lease, Token&& token) {
             };
             if (post) boost::asio::post(op->ex, std::move(invoke));
             else boost::asio::dispatch(op->ex, std::move(invoke));
+            op->work.reset();
           }
         };
         auto op = std::make_shared<Op>(std::move(handler), detail::lease_executor(lease));

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -545,6 +546,39 @@ TEST_F(QuorumTest, AwaitableAcquireAndReleaseHaveTheSingleServerForm) {
   ctx.run();
   EXPECT_EQ(f.get(), "ok");
   EXPECT_EQ(existing(), 0u);
+}
+
+// The quorum service answers from its own thread. The caller's io_context may
+// be destroyed as soon as run() returns: the operation counts as the caller's
+// outstanding work until that thread has finished handing the result over, so
+// run() cannot return while the other thread is still inside post(). Without
+// that count this loop fails under ThreadSanitizer (a data race on the
+// io_context's wake-up condition) or AddressSanitizer (its use after free).
+TEST_F(QuorumTest, TheCallersIoContextMayBeDestroyedAsSoonAsRunReturns) {
+  const QuorumOptions opts{.ttl = 5s};
+  for (int i = 0; i < 40; ++i) {
+    std::optional<QuorumLock> held;
+    std::size_t released = 0;
+    {
+      boost::asio::io_context ctx;
+      async_acquire(*svc, resource(), opts,
+                    boost::asio::bind_executor(ctx, [&](std::exception_ptr e, std::optional<QuorumLock> l) {
+                      EXPECT_FALSE(e);
+                      held = std::move(l);
+                    }));
+      ctx.run();
+    }
+    ASSERT_TRUE(held) << "round " << i;
+    {
+      boost::asio::io_context ctx;
+      async_release(*held, boost::asio::bind_executor(ctx, [&](std::exception_ptr e, std::size_t n) {
+                      EXPECT_FALSE(e);
+                      released = n;
+                    }));
+      ctx.run();
+    }
+    ASSERT_EQ(released, 3u) << "round " << i;
+  }
 }
 
 TEST_F(QuorumTest, AQuorumOfOneIsAOneInstanceLock) {
