@@ -10,6 +10,7 @@
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <exception>
@@ -39,25 +40,35 @@ boost::asio::awaitable<T> await_done(Start start) {
   namespace asio = boost::asio;
   return asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr, T)>(
       [start = std::move(start)](auto handler) mutable {
-        auto ex = asio::get_associated_executor(handler);
         using H = decltype(handler);
+        using Ex = asio::associated_executor_t<H>;
+        Ex ex = asio::get_associated_executor(handler);
         struct Shared {
-          explicit Shared(H&& handler_in) : h(std::move(handler_in)) {}
+          Shared(H&& handler_in, const Ex& e) : h(std::move(handler_in)), work(e) {}
           H h;
+          // Outstanding work of the coroutine's executor until the hand-over
+          // returns: `done` may run on another thread (a pool running a
+          // blocking call), and without it the loop's run() could return, and
+          // its io_context be destroyed, while that thread is still inside
+          // post() waking it (as <jobguard/async.hpp>'s Completer).
+          asio::executor_work_guard<Ex> work;
           std::atomic<bool> starting{true};
           std::atomic<bool> fired{false};  // the handler is called once: by done, or by a throw from start
         };
-        auto sh = std::make_shared<Shared>(std::move(handler));
+        auto sh = std::make_shared<Shared>(std::move(handler), ex);
         try {
           start(Done<T>([sh, ex](std::exception_ptr e, T v) mutable {
             if (sh->fired.exchange(true)) return;
             auto resume = [sh, e, v = std::move(v)]() mutable { std::move(sh->h)(e, std::move(v)); };
             if (sh->starting.load(std::memory_order_acquire)) asio::post(ex, std::move(resume));
             else asio::dispatch(ex, std::move(resume));
+            sh->work.reset();
           }));
         } catch (...) {
-          if (!sh->fired.exchange(true))
+          if (!sh->fired.exchange(true)) {
             asio::post(ex, [sh, e = std::current_exception()]() mutable { std::move(sh->h)(e, T{}); });
+            sh->work.reset();
+          }
         }
         sh->starting.store(false, std::memory_order_release);
       },

@@ -18,6 +18,7 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdint>
@@ -256,17 +257,30 @@ template <class Token>
 auto async_exec(Client& c, Command cmd, Token&& token, CallOptions opts = {}) {
   return boost::asio::async_initiate<Token, void(std::exception_ptr, Reply)>(
       [&c, opts](auto handler, Command command) {
-        using boost::asio::get_associated_executor;
-        auto ex = get_associated_executor(handler, c.get_executor());
-        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        using Handler = decltype(handler);
+        using Executor = boost::asio::associated_executor_t<Handler, boost::asio::any_io_executor>;
+        // The work guard: the call is outstanding work of the waiter's
+        // executor until the hand-over below returns, so a caller's
+        // io_context::run() on another thread than the client's loop cannot
+        // return, and the io_context be destroyed, while this thread is still
+        // inside dispatch() waking it (as <jobguard/async.hpp>'s Completer).
+        struct Op {
+          Op(Handler handler, const boost::asio::any_io_executor& fallback)
+              : h(std::move(handler)), ex(boost::asio::get_associated_executor(h, fallback)), work(ex) {}
+          Handler h;
+          Executor ex;
+          boost::asio::executor_work_guard<Executor> work;
+        };
+        auto op = std::make_shared<Op>(std::move(handler), c.get_executor());
         c.async_exec(
             std::move(command),
-            [h, ex](const Error& err, Reply r) {
+            [op](const Error& err, Reply r) {
               std::exception_ptr ep;
               if (err) ep = std::make_exception_ptr(err);
               // Resume the waiter on its own executor (inline when that is
               // the event loop, as in `jobguard bench`).
-              boost::asio::dispatch(ex, [h, ep, r = std::move(r)]() mutable { (*h)(ep, std::move(r)); });
+              boost::asio::dispatch(op->ex, [op, ep, r = std::move(r)]() mutable { std::move(op->h)(ep, std::move(r)); });
+              op->work.reset();
             },
             opts);
       },
