@@ -174,7 +174,10 @@ struct LeaseSchedulerOptions {
   const MonotonicClock* clock = nullptr;
   // Where lease metrics (renewals, losses, hold time) go, per lock class.
   // Default null = the service's registry (LockServiceOptions::metrics). Not
-  // owned: it must outlive the scheduler and its leases.
+  // owned: it must outlive the service's client, whose event loop counts
+  // into it (a renewal's reply in flight keeps the scheduler alive there
+  // after the caller's last reference is gone). A lost lease's counts are
+  // in before lost() returns true.
   observe::Registry* metrics = nullptr;
 };
 

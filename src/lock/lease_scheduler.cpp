@@ -85,8 +85,13 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
     cb = std::move(s->on_lost);
     s->on_lost = nullptr;
   }
-  s->state.store(st);
+  // Counted before the loss is published: a caller that sees lost() reads
+  // the counts complete, and may then let the registry go.
   s->metrics.leases_lost_total.inc();
+  s->metrics.hold_seconds.observe(clock.now() - s->acquired_at());
+  // A multi-lock's holds are per key, as its grants and releases are.
+  for (const auto& l : s->more) s->metrics.hold_seconds.observe(clock.now() - l.acquired_at());
+  s->state.store(st);
   // The timeline's record, with the key and holder the counter cannot carry
   // (a hard timeout is the job's own deadline, not an incident).
   if ((st == LeaseState::token_gone || st == LeaseState::expired) && !s->quorum)
@@ -94,9 +99,6 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
       admin::record_incident(self->service().client(), self->service().keys(),
                              {.kind = "lease_lost", .resource = s->lock.resource(),
                               .job = token_owner(s->lock.token()), .lock_class = s->lock.lock_class(), .detail = why});
-  s->metrics.hold_seconds.observe(clock.now() - s->acquired_at());
-  // A multi-lock's holds are per key, as its grants and releases are.
-  for (const auto& l : s->more) s->metrics.hold_seconds.observe(clock.now() - l.acquired_at());
   lost.fetch_add(1);
   active.fetch_sub(1);
   s->stop.request_stop();

@@ -30,6 +30,9 @@ class InjectionTest : public LockTest {
   std::string lock_class() const { return "inj-" + resource("c"); }
   ManualClock clock;
   observe::Registry registry;
+  // A scheduler's own registry: the client's loop counts into it, so it
+  // lives until TearDown has stopped that loop.
+  observe::Registry leases;
   std::shared_ptr<LockService> manual;
 };
 }  // namespace
@@ -74,7 +77,6 @@ TEST_F(InjectionTest, ALeaseRunsOutOfSafeTimeWhenTheClockCrossesItsTtlWithoutSle
 }
 
 TEST_F(InjectionTest, LeaseMetricsGoToTheSchedulersRegistry) {
-  observe::Registry leases;
   auto sched = LeaseScheduler::create(manual, LeaseSchedulerOptions{.metrics = &leases});
   const std::string cls = lock_class();
   auto l = manual->acquire(resource("r"), LockOptions{.ttl = 30s, .lock_class = cls});
@@ -84,6 +86,7 @@ TEST_F(InjectionTest, LeaseMetricsGoToTheSchedulersRegistry) {
   auto lease = sched->adopt(std::move(*l));
   ASSERT_TRUE(eventually([&] { return lease.lost(); }));
   EXPECT_EQ(lease.state(), LeaseState::expired);
+  // Counted before lost() says so: no waiting for the counts.
   const auto mine = leases.snapshot(cls);
   ASSERT_TRUE(mine);
   EXPECT_EQ(mine->leases_lost_total, 1u);
