@@ -17,6 +17,7 @@ extern const std::string_view rw_acquire;
 extern const std::string_view rw_release;
 extern const std::string_view rw_inspect;
 extern const std::string_view rw_force_release;
+extern const std::string_view rw_leave;
 }  // namespace lock_scripts
 
 namespace detail {
@@ -26,6 +27,10 @@ const redis::Script& rw_acquire_script() {
 }
 const redis::Script& rw_release_script() {
   static const redis::Script s{std::string(lock_scripts::rw_release)};
+  return s;
+}
+const redis::Script& rw_leave_script() {
+  static const redis::Script s{std::string(lock_scripts::rw_leave)};
   return s;
 }
 }  // namespace detail

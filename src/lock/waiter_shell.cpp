@@ -10,6 +10,7 @@
 #include "jobguard/detail/identity.hpp"
 #include "jobguard/observe/metrics.hpp"
 #include "lock/quarantine.hpp"
+#include "lock/rwlock_internal.hpp"
 #include "lock/service_impl.hpp"
 
 namespace jobguard::detail {
@@ -454,11 +455,11 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
       svc_->client().async_exec(redis::Command{"ZREM", script_keys_[2], waiter_id_}, [](std::error_code, redis::Reply) {});
       svc_->client().async_exec(redis::Command{"ZREM", script_keys_[3], waiter_id_}, [](std::error_code, redis::Reply) {});
     } else if (rw()) {
-      // Likewise, and a writer's entry among the writers: left behind, it
-      // would keep new readers out until its place expired.
-      for (std::size_t i = 3; i < 6; ++i)
-        svc_->client().async_exec(redis::Command{"ZREM", script_keys_[i], waiter_id_},
-                                  [](std::error_code, redis::Reply) {});
+      // Likewise, and a writer's entry among the writers, all in one
+      // script: one left behind without the others would stop the line
+      // (rw_line.lua), and separate commands can be cut short by an exit.
+      svc_->client().async_eval(detail::rw_leave_script(), {script_keys_[3], script_keys_[4], script_keys_[5]},
+                                {waiter_id_}, [](std::error_code, redis::Reply) {});
     } else {
       svc_->client().async_exec(redis::Command{"ZREM", script_keys_.back(), waiter_id_},
                                 [](std::error_code, redis::Reply) {});

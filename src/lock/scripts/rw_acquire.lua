@@ -24,6 +24,7 @@
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
 --#include lock/scripts/epoch_moved.lua
+--#include lock/scripts/rw_line.lua
 local items = (#ARGV - 3) / 6
 local out = {}
 if ARGV[2] ~= '' then
@@ -60,8 +61,10 @@ end
 local function store(grants, waiters, max_ttl)
   redis.call('ZADD', holders, unpack(grants))
   if redis.call('PTTL', holders) < max_ttl then redis.call('PEXPIRE', holders, string.format('%d', max_ttl)) end
-  -- A line that is gone (the common case) is not searched for them.
-  if #waiters > 0 and redis.call('EXISTS', KEYS[4]) == 1 and redis.call('ZREM', KEYS[4], unpack(waiters)) > 0 then
+  -- A line that is gone (the common case) is not searched for them; one
+  -- that is loses them from all three sets, whichever they are still in.
+  if #waiters > 0 and redis.call('EXISTS', KEYS[4], KEYS[6]) > 0 then
+    redis.call('ZREM', KEYS[4], unpack(waiters))
     redis.call('ZREM', KEYS[5], unpack(waiters))
     redis.call('ZREM', KEYS[6], unpack(waiters))
   end
@@ -103,6 +106,11 @@ if #dead > 0 then
   redis.call('ZREM', KEYS[5], unpack(dead))
   redis.call('ZREM', KEYS[6], unpack(dead))
 end
+-- A head with no liveness entry would never be found dead above.
+if redis.call('EXISTS', KEYS[4]) == 1 then rw_head(KEYS[4], KEYS[5], KEYS[6]) end
+-- The first waiting writer's arrival, read once per call (a reader's call
+-- adds no writer): false until read, nil when none waits.
+local first_writer = false
 
 -- Whether attempt `a` may enter now. A grant of this call counts as a holder
 -- for the attempts after it (stored at once, so the calls below see it).
@@ -121,11 +129,11 @@ local function may_enter(a)
   -- Writer preference: a reader enters beside the readers that hold unless
   -- a writer waits ahead of it; a reader that is not yet in the line is
   -- behind every waiting writer.
-  local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-  if not first[2] then return true end
+  if first_writer == false then first_writer = rw_first_writer(KEYS[4], KEYS[5], KEYS[6]) end
+  if not first_writer then return true end
   local mine
   if waiter ~= '' then mine = redis.call('ZSCORE', KEYS[4], waiter) end
-  return mine ~= false and mine ~= nil and tonumber(mine) < tonumber(first[2])
+  return mine ~= false and mine ~= nil and tonumber(mine) < first_writer
 end
 
 -- Joins the line (a waiter that asked to), with a writer's place among the
@@ -140,7 +148,8 @@ local function join(a)
   redis.call('PEXPIRE', KEYS[4], life)
   redis.call('PEXPIRE', KEYS[5], life)
   if writer then
-    redis.call('ZADD', KEYS[6], 'NX', redis.call('ZSCORE', KEYS[4], waiter), waiter)
+    -- Not NX: the writer's arrival is always the one its place holds.
+    redis.call('ZADD', KEYS[6], redis.call('ZSCORE', KEYS[4], waiter), waiter)
     redis.call('PEXPIRE', KEYS[6], life)
   end
 end

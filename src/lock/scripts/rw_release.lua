@@ -10,6 +10,7 @@
 --       the hash tag), 3.. tokens
 -- Returns, per token, 1 when released, 0 when it was not ours (any more).
 --#include redis/scripts/server_time.lua
+--#include lock/scripts/rw_line.lua
 local now_ms = server_time()
 local now = string.format('%d', now_ms)
 local out, any, gone, seen = {}, false, {}, {}
@@ -58,14 +59,14 @@ local publish = ARGV[2] == '1' and 'SPUBLISH' or 'PUBLISH'
 -- Wake by name whom the lock now belongs to: the writer at the head of the
 -- line, or else the readers ahead of the first waiting writer. Past a few
 -- dozen readers one message wakes every waiter of each service instead.
-local head = redis.call('ZRANGE', KEYS[4], 0, 0)
-if not head[1] then return out end
-if redis.call('ZSCORE', KEYS[6], head[1]) then
-  redis.call(publish, ARGV[1], 'wake ' .. head[1])
+local head = rw_head(KEYS[4], KEYS[5], KEYS[6])
+if not head then return out end
+if redis.call('ZSCORE', KEYS[6], head) then
+  redis.call(publish, ARGV[1], 'wake ' .. head)
   return out
 end
-local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-local upto = first[2] and ('(' .. first[2]) or '+inf'
+local first = rw_first_writer(KEYS[4], KEYS[5], KEYS[6])
+local upto = first and ('(' .. string.format('%d', first)) or '+inf'
 local readers = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', upto, 'LIMIT', 0, 33)
 if #readers > 32 then
   redis.call(publish, ARGV[1], 'readers')

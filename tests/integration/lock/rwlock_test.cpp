@@ -300,6 +300,50 @@ TEST_F(RwLockTest, AWriterThatGivesUpLeavesTheLineAndReadersEnterAgain) {
   EXPECT_TRUE(svc->acquire(r, reader()));
 }
 
+// The line is three sets that must agree (rw_line.lua). An entry left in one
+// without the others, which nobody refreshes, must not stop the line: each
+// case below kept the waiter out for its whole wait before the scripts
+// repaired it.
+TEST_F(RwLockTest, ALineEntryWithoutItsPlaceOrLivenessDoesNotStopTheLine) {
+  const auto r = resource("ledger");
+  const auto& k = svc->keys();
+  const std::string line = k.rw_line_key(r), live = k.rw_line_expiry_key(r), writers = k.rw_writers_line_key(r);
+  const auto us = [&](std::int64_t delta_ms) { return std::to_string((server_ms() + delta_ms) * 1000); };
+  auto has = [&](const std::string& key, const std::string& id) {
+    return client->exec(redis::Command{"ZSCORE", key, id}).is_string();
+  };
+  // A writer among the writers with no place and no liveness (a leave cut
+  // short after its first two removals): readers arrive behind it.
+  client->exec(redis::Command{"ZADD", writers, us(-1000), "ghost-writer"});
+  client->exec(redis::Command{"PEXPIRE", writers, "60000"});
+  auto a = svc->acquire(r, reader(10s, 3s));
+  ASSERT_TRUE(a) << "a reader waited behind a writer with no place in the line";
+  EXPECT_FALSE(has(writers, "ghost-writer"));
+  a->release();
+
+  // A place at the head with no liveness entry (so never found dead): a
+  // writer arrives behind it.
+  client->exec(redis::Command{"ZADD", line, us(-1000), "ghost-head"});
+  client->exec(redis::Command{"PEXPIRE", line, "60000"});
+  auto w = svc->acquire(r, writer(10s, 3s));
+  ASSERT_TRUE(w) << "a writer waited behind a place with no liveness";
+  EXPECT_FALSE(has(line, "ghost-head"));
+  w->release();
+
+  // A live writer whose arrival among the writers is older than its place
+  // (re-added after its place's key expired): readers that arrived before
+  // its place are ahead of it.
+  client->exec(redis::Command{"ZADD", line, us(10000), "late-writer"});
+  client->exec(redis::Command{"ZADD", live, std::to_string(server_ms() + 60000), "late-writer"});
+  client->exec(redis::Command{"ZADD", writers, us(-1000), "late-writer"});
+  for (const auto& key : {line, live, writers}) client->exec(redis::Command{"PEXPIRE", key, "60000"});
+  auto b = svc->acquire(r, reader(10s, 3s));
+  ASSERT_TRUE(b) << "a reader that arrived before the writer's place waited behind it";
+  EXPECT_EQ(client->exec(redis::Command{"ZSCORE", writers, "late-writer"}).str,
+            client->exec(redis::Command{"ZSCORE", line, "late-writer"}).str);
+  b->release();
+}
+
 TEST_F(RwLockTest, WritersAreServedInArrivalOrder) {
   const auto r = resource("ledger");
   auto first = svc->acquire(r, writer());
