@@ -63,7 +63,8 @@ SubprocessResult run_jobguard(const std::vector<std::string>& args,
 // nobody has reaped yet: it runs no code).
 bool process_gone(pid_t pid);
 
-// Reads a whole file ("" when missing).
+// Reads a whole file ("" when missing; what was read when a read fails, as
+// on a /proc file of a process that exits meanwhile: ESRCH, never thrown).
 std::string read_file(const std::string& path);
 
 }  // namespace jobguard::test

@@ -80,8 +80,10 @@ int orphans_of(const std::set<pid_t>& live, const std::string& log) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // read_file, not an istreambuf_iterator: a process that exits between
+    // the open and the read makes the read fail (ESRCH), which the iterator
+    // throws and read_file takes as an empty file.
+    const std::string cmd = read_file((e.path() / "cmdline").string());
     if (cmd.find(log) == std::string::npos) continue;
     pid_t p = static_cast<pid_t>(std::stol(name));
     if (parent(p) == 0) continue;  // gone or a zombie: not running
