@@ -42,6 +42,7 @@ using checks::ms_text;
 using checks::Info;
 using checks::ok;
 using checks::parse_info;
+using checks::replica_lag;
 using checks::to_i64;
 using checks::warn;
 
@@ -74,7 +75,7 @@ std::vector<std::pair<std::string, bool>> replica_states(const Info& info, const
   std::vector<std::pair<std::string, bool>> out;
   for (std::int64_t i = 0; i < n; ++i) {
     auto f = parse_fields(get(info, fmt::format("slave{}", i)));
-    const auto lag = to_i64(f["lag"], -1);
+    const auto lag = replica_lag(f["lag"]);
     out.emplace_back(fmt::format("{}:{} {} lag {}s", f["ip"], f["port"], f["state"], lag),
                      f["state"] == "online" && lag >= 0 && lag < o.replica_lag_warn.count());
   }
