@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "jobguard/lock.hpp"
 #include "jobguard/redis/client.hpp"
 #include "support/redis_fixture.hpp"
 #include "support/subprocess.hpp"
@@ -187,10 +188,12 @@ class RwLockFault : public RedisTest {
   std::string lock_state() const {
     try {
       auto c = make_client();
+      const KeyBuilder k;  // jobguard run's default prefix
       std::string out;
-      for (const char* k : {"rwr", "rww", "rwq", "rwqexp", "rwqw"}) {
-        const auto r = c->exec(redis::Command{"ZRANGE", fmt::format("jobguard:{}:{{rw-fault}}", k), "0", "-1", "WITHSCORES"});
-        out += fmt::format(" {}=[", k);
+      for (const auto& key : {k.rw_readers_key("rw-fault"), k.rw_writer_key("rw-fault"), k.rw_line_key("rw-fault"),
+                              k.rw_line_expiry_key("rw-fault"), k.rw_writers_line_key("rw-fault")}) {
+        const auto r = c->exec(redis::Command{"ZRANGE", key, "0", "-1", "WITHSCORES"});
+        out += fmt::format(" {}=[", key);
         for (std::size_t i = 0; i + 1 < r.elements.size(); i += 2)
           out += fmt::format("{}{} {}", i ? ", " : "", r.elements[i].str, r.elements[i + 1].str);
         out += "]";
@@ -231,6 +234,10 @@ TEST_F(RwLockFault, NeverAWritersAcceptedWriteBesideAnotherHoldersUnderPausesKil
   const auto t0 = Clock::now();
   int started = 0, paused = 0, killed = 0, restarts = 0, exit_ok = 0, exit_lost = 0, exit_other = 0;
   std::map<std::string, int> exit_of;
+  auto ended = [&](const Worker& w, int st) {
+    exit_of[w.name] = st;
+    ++(st == 0 ? exit_ok : st == 70 ? exit_lost : exit_other);
+  };
   std::vector<std::pair<Worker*, Clock::time_point>> to_resume;
   // A restart without persistence a third of the way in, then every 20 s: the
   // lock state is gone, and the quarantine (max_ttl 3 s) keeps grants out
@@ -242,11 +249,7 @@ TEST_F(RwLockFault, NeverAWritersAcceptedWriteBesideAnotherHoldersUnderPausesKil
       if (w->done) continue;
       if (auto r = w->proc->wait_for(0ms)) {
         w->done = true;
-        const int st = r->status;
-        exit_of[w->name] = st;
-        if (st == 0) ++exit_ok;
-        else if (st == 70) ++exit_lost;
-        else ++exit_other;
+        ended(*w, r->status);
         continue;
       }
       ++alive;
@@ -322,10 +325,7 @@ TEST_F(RwLockFault, NeverAWritersAcceptedWriteBesideAnotherHoldersUnderPausesKil
       }
       if (!r) r = w->proc->wait_or_kill(1s);
       w->done = true;
-      exit_of[w->name] = r->status;
-      if (r->status == 0) ++exit_ok;
-      else if (r->status == 70) ++exit_lost;
-      else ++exit_other;
+      ended(*w, r->status);
       if (r->status != 0 && r->status != 70 && r->status != 69)
         states.push_back(fmt::format("when {} ended ({}): {}", w->name, r->status, lock_state()));
     }
