@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <boost/asio/post.hpp>
 
@@ -91,13 +92,31 @@ std::vector<std::string> with_record(const std::vector<std::string>& keys, const
 }  // namespace
 
 void SemaphoreCalls::acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted,
-                             const std::string& epoch, const redis::Confirm& confirm, std::vector<std::string> item,
-                             redis::ConfirmedCompletion done) {
-  BatchKey key{keys[0], &sem_acquire_script(), permits, evicted + ' ' + epoch, confirm.replicas,
-               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+                             const std::string& epoch, const redis::Confirm& confirm, const PermitTerms& terms,
+                             std::string token, std::string waiter, redis::ConfirmedCompletion done) {
+  BatchKey key{keys[0],
+               &sem_acquire_script(),
+               permits,
+               evicted + ' ' + epoch,
+               confirm.replicas,
+               static_cast<long long>(confirm.timeout.count()),
+               confirm.waitaof,
+               terms.ttl_ms,
+               terms.waiter_lease_ms,
+               (terms.fence ? 1 : 0) + (terms.wait ? 2 : 0)};
   const auto make = [&] {
-    return Batch{&sem_acquire_script(), with_record(keys, epoch), {std::to_string(permits), evicted, epoch}, confirm, {}};
+    return Batch{&sem_acquire_script(),
+                 with_record(keys, epoch),
+                 {std::to_string(permits), evicted, epoch, std::to_string(terms.ttl_ms), terms.fence ? "1" : "0",
+                  terms.wait ? "1" : "0", std::to_string(terms.waiter_lease_ms)},
+                 confirm,
+                 {},
+                 4};
   };
+  std::vector<std::string> item;
+  item.reserve(2);
+  item.push_back(std::move(token));
+  item.push_back(std::move(waiter));
   add(std::move(key), make, std::move(item), std::move(done));
 }
 
@@ -108,7 +127,7 @@ void SemaphoreCalls::acquire_rw(const std::vector<std::string>& keys, LockMode m
   // (rw_acquire.lua) unless a writer holds or waits.
   const bool writer = mode == LockMode::exclusive;
   BatchKey key{keys[0], &rw_acquire_script(), writer ? 1 : 0, evicted + ' ' + epoch, confirm.replicas,
-               static_cast<long long>(confirm.timeout.count()), confirm.waitaof};
+               static_cast<long long>(confirm.timeout.count()), confirm.waitaof, 0, 0, 0};
   const auto make = [&] {
     return Batch{&rw_acquire_script(), with_record(keys, epoch), {writer ? "w" : "r", evicted, epoch}, confirm, {}};
   };
@@ -126,7 +145,7 @@ redis::ConfirmedCompletion SemaphoreCalls::release_completion(LockService::Relea
 void SemaphoreCalls::release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
                              LockService::ReleaseHandler done) {
   std::string holders = keys.permit_holders_key(resource);
-  BatchKey key{holders, &sem_release_script(), permits, std::string(), 0, 0, false};
+  BatchKey key{holders, &sem_release_script(), permits, std::string(), 0, 0, false, 0, 0, 0};
   const auto make = [&] {
     return Batch{&sem_release_script(),
                  {std::move(holders), keys.permit_line_key(resource), keys.permit_line_expiry_key(resource),
@@ -145,7 +164,7 @@ void SemaphoreCalls::release_rw(const KeyBuilder& keys, const std::string& resou
   // The mode is in the batch's key: each mode has its own holders' key.
   const bool writer = mode == LockMode::exclusive;
   std::string holders = writer ? keys.rw_writer_key(resource) : keys.rw_readers_key(resource);
-  BatchKey key{holders, &rw_release_script(), 0, std::string(), 0, 0, false};
+  BatchKey key{holders, &rw_release_script(), 0, std::string(), 0, 0, false, 0, 0, 0};
   const auto make = [&] {
     std::string readers = writer ? keys.rw_readers_key(resource) : holders;
     std::string writers = writer ? holders : keys.rw_writer_key(resource);
@@ -165,8 +184,8 @@ void SemaphoreCalls::send(Batch b) {
   auto done = std::make_shared<std::vector<redis::ConfirmedCompletion>>(std::move(b.done));
   client_.async_eval_confirmed(
       *b.script, std::move(b.keys), std::move(b.args), b.confirm,
-      [done](std::error_code ec, redis::Reply r, redis::Confirmation c) {
-        const bool shaped = r.is_array() && r.elements.size() == done->size();
+      [done, width = b.width](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+        const bool shaped = r.is_array() && r.elements.size() == done->size() * std::max<std::size_t>(width, 1);
         if (!ec && !shaped) {
           ec = make_error_code(errc::protocol_error);
           redis::Reply e;
@@ -176,8 +195,18 @@ void SemaphoreCalls::send(Batch b) {
         }
         for (std::size_t i = 0; i < done->size(); ++i) {
           if (!(*done)[i]) continue;
-          if (ec) (*done)[i](ec, r, c);
-          else (*done)[i](ec, std::move(r.elements[i]), c);
+          if (ec) {
+            (*done)[i](ec, r, c);
+          } else if (width == 0) {
+            (*done)[i](ec, std::move(r.elements[i]), c);
+          } else {
+            redis::Reply one;
+            one.type = redis::Reply::Type::array;
+            const auto first = r.elements.begin() + static_cast<std::ptrdiff_t>(i * width);
+            one.elements.assign(std::make_move_iterator(first),
+                                std::make_move_iterator(first + static_cast<std::ptrdiff_t>(width)));
+            (*done)[i](ec, std::move(one), c);
+          }
         }
       });
 }

@@ -38,13 +38,24 @@ inline std::string permit_member(const std::string& token, int slot) {
 class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
  public:
   explicit SemaphoreCalls(redis::Client& client) : client_(client) {}
-  // One attempt: `item` is its six per-attempt arguments (sem_acquire.lua);
-  // `keys` its five keys; done gets its own reply. `epoch`: the lock-state
-  // record's id the grant is admitted under, compared in the script ("" =
-  // not compared: a cluster, whose record is in another slot).
+  // What a semaphore attempt shares with the others of its call
+  // (sem_acquire.lua's ARGV 4-7): only attempts that agree on all of it go
+  // in one call.
+  struct PermitTerms {
+    long long ttl_ms = 0;
+    bool fence = false;
+    bool wait = false;  // joins the line when busy, under its token
+    long long waiter_lease_ms = 0;
+  };
+  // One attempt under `token`, in the line (when terms.wait) as `waiter`
+  // ("" = the token); `keys` its five keys; done gets its own reply
+  // ({1, fence, slot, permits}, {0, ms left, permits, 0} or {-1, evicted, 0,
+  // 0}). `epoch`: the lock-state record's id the grant is admitted under,
+  // compared in the script ("" = not compared: a cluster, whose record is in
+  // another slot).
   void acquire(const std::vector<std::string>& keys, int permits, const std::string& evicted,
-               const std::string& epoch, const redis::Confirm& confirm, std::vector<std::string> item,
-               redis::ConfirmedCompletion done);
+               const std::string& epoch, const redis::Confirm& confirm, const PermitTerms& terms,
+               std::string token, std::string waiter, redis::ConfirmedCompletion done);
   void release(const KeyBuilder& keys, const std::string& resource, std::string member, int permits,
                LockService::ReleaseHandler done);
   // A reader's or the writer's attempt: `item` is its six per-attempt
@@ -61,10 +72,16 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
     std::vector<std::string> keys, args;  // the common arguments, then each item's
     redis::Confirm confirm;
     std::vector<redis::ConfirmedCompletion> done;
+    // Values per item in the reply: 0 = one element each (any shape); n > 0 =
+    // a flat array of n values each, handed to each caller as an array.
+    std::size_t width = 0;
   };
   // The holders' key, the script, the count (a read-write lock: its mode), the
-  // eviction count and the epoch (one string), the confirmation.
-  using BatchKey = std::tuple<std::string, const void*, int, std::string, int, long long, bool>;
+  // eviction count and the epoch (one string), the confirmation, and a
+  // semaphore attempt's shared terms (ttl ms, waiter lease ms, fence + 2 *
+  // wait; zero elsewhere).
+  using BatchKey =
+      std::tuple<std::string, const void*, int, std::string, int, long long, bool, long long, long long, int>;
   redis::ConfirmedCompletion release_completion(LockService::ReleaseHandler done);
   template <class MakeBatch>
   void add(BatchKey key, MakeBatch&& make, std::vector<std::string> item, redis::ConfirmedCompletion done);

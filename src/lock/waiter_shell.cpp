@@ -311,22 +311,27 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
       }
       self->busy();
     };
-    // Coalesced with this turn's other attempts on the resource (SemaphoreCalls).
-    std::vector<std::string> item = {token_,
-                                     std::to_string(opts_.ttl.count()),
-                                     opts_.fence ? "1" : "0",
-                                     may_wait ? "1" : "0",
-                                     std::to_string(waiter_lease().count()),
-                                     waiter_id_};
     // Compared in the script, as acquire.lua's grants are (send()): one
     // server only, the record being in another slot on a cluster.
     static const std::string none;
     const std::string& epoch = gate_->watches_clock() ? ticket_->epoch : none;
-    if (rw())
+    // Coalesced with this turn's other attempts on the resource (SemaphoreCalls).
+    if (rw()) {
+      std::vector<std::string> item = {token_,
+                                       std::to_string(opts_.ttl.count()),
+                                       opts_.fence ? "1" : "0",
+                                       may_wait ? "1" : "0",
+                                       std::to_string(waiter_lease().count()),
+                                       waiter_id_};
       return impl_->semaphore_calls->acquire_rw(script_keys_, opts_.mode, ticket_->evicted_for(key_), epoch,
                                                 confirm(), std::move(item), std::move(on_reply));
-    impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), epoch, confirm(),
-                                    std::move(item), std::move(on_reply));
+    }
+    const detail::SemaphoreCalls::PermitTerms terms{.ttl_ms = opts_.ttl.count(),
+                                                    .fence = opts_.fence,
+                                                    .wait = may_wait,
+                                                    .waiter_lease_ms = waiter_lease().count()};
+    impl_->semaphore_calls->acquire(script_keys_, opts_.permits, ticket_->evicted_for(key_), epoch, confirm(), terms,
+                                    token_, waiter_id_ == token_ ? std::string() : waiter_id_, std::move(on_reply));
   }
 
   void send() {

@@ -12,12 +12,20 @@
 -- ARGV: 1 permits asked for, 2 on a server that evicts keys: the
 --       evicted_keys count its lock-state record was checked at ('' elsewhere),
 --       3 the record's epoch id the client checked ('' = not compared),
---       then per attempt, 6 each: token, ttl ms, fence 0|1, join the line if
---       busy 0|1, waiter lease ms, the waiter's id in the line ('' = try once)
--- Returns per attempt {1, fence or -1, slot, permits} when granted, {0, ms
--- until the soonest holder's lease ends (-1 none), permits} when busy,
--- {-1, evicted} when keys were evicted since that check or the record is not
--- the one checked.
+--       then what every attempt of the call shares: 4 ttl ms, 5 fence 0|1,
+--       6 wait 0|1 (join the line if busy, under the attempt's token),
+--       7 waiter lease ms; then two per attempt: its token, and its id in
+--       the line when that is not the token ('' when it is: a waiter's id is
+--       its first token, which a discarded grant replaces). A call's attempts
+--       share the rest (SemaphoreCalls batches them by it): each attempt's
+--       own arguments are strings the server copies and Lua interns, the
+--       dearest part of an attempt after the holders' key itself.
+-- Returns four values per attempt, flat, in order: {1, fence or -1, slot,
+-- permits} when granted, {0, ms until the soonest holder's lease ends (-1
+-- none), permits, 0} when busy, {-1, evicted, 0, 0} when keys were evicted
+-- since that check or the record is not the one checked. Flat, not a table
+-- per attempt: one reply array is cheaper for the server to write and for
+-- the client to read than one nested array per attempt.
 --
 -- The holders' zset has two kinds of members, so that a grant finds a free
 -- slot without reading every holder and one key holds all of it (it expires,
@@ -32,19 +40,23 @@
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
 --#include lock/scripts/epoch_moved.lua
-local items = (#ARGV - 3) / 6
+local FIRST = 8  -- the first attempt's token
+local items = (#ARGV - FIRST + 1) / 2
 local out = {}
-if ARGV[2] ~= '' then
-  local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
-  if ev ~= tonumber(ARGV[2]) then
-    for i = 1, items do out[i] = {-1, ev or -1} end
-    return out
+local function refuse(ev)
+  for i = 1, items do
+    local o = (i - 1) * 4
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = -1, ev, 0, 0
   end
-end
-if epoch_moved(KEYS[6], ARGV[3]) then
-  for i = 1, items do out[i] = {-1, -1} end
   return out
 end
+if ARGV[2] ~= '' then
+  local ev = tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)'))
+  if ev ~= tonumber(ARGV[2]) then return refuse(ev or -1) end
+end
+if epoch_moved(KEYS[6], ARGV[3]) then return refuse(-1) end
+local ttl, fenced_asked, may_wait = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6] == '1'
+local lease = tonumber(ARGV[7])
 -- Numbers go to Redis as strings made with '%d' here: a Lua number passed
 -- as it is is printed with '%.17g', which costs more than the command.
 local FREE = 1e15
@@ -67,12 +79,16 @@ local n = tonumber(redis.call('GET', KEYS[5]) or ARGV[1]) or tonumber(ARGV[1])
 local live = redis.call('ZCOUNT', holders, '-inf', '(1000000000000000')
 local line = redis.call('EXISTS', KEYS[3]) == 1
 local swept_line = false
-local fence, fenced, max_ttl = nil, false, 0
+local fence, fenced = nil, false
 local stored_soonest = nil  -- the soonest lease end among the holders stored before this call
-local granted = {}          -- {item, expiry ms, token} of each grant, in order
+local granted = {}          -- the attempts granted, in order (each its place in ARGV and out)
 for i = 1, items do
-  local a = 3 + (i - 1) * 6
-  local token, ttl, waiter = ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 6]
+  local token, waiter = ARGV[FIRST + 2 * (i - 1)], ''
+  if may_wait then
+    waiter = ARGV[FIRST + 2 * i - 1]
+    if waiter == '' then waiter = token end
+  end
+  local o = (i - 1) * 4
   local free = n - live
   -- FIFO: the permits free now go to the first `free` waiters in line; a
   -- newcomer (or a try-once acquire) comes after all of them. An empty line
@@ -101,23 +117,21 @@ for i = 1, items do
   if free > ahead then
     -- Granted; its slot is given below, with the others'.
     live = live + 1
-    granted[#granted + 1] = {i, now_ms + ttl, token}
-    if ttl > max_ttl then max_ttl = ttl end
+    granted[#granted + 1] = i
     if in_line then
       redis.call('ZREM', KEYS[3], waiter)
       redis.call('ZREM', KEYS[4], waiter)
     end
     local f_out = -1
-    if ARGV[a + 3] == '1' then
+    if fenced_asked then
       if not fence then fence = fence_counter(KEYS[2]) end
       fence = next_fence(fence, now_us)
       fenced = true
       f_out = fence
     end
-    out[i] = {1, f_out, -1, n}
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, f_out, -1, n
   else
-    if waiter ~= '' and ARGV[a + 4] == '1' then
-      local lease = tonumber(ARGV[a + 5])
+    if may_wait then
       redis.call('ZADD', KEYS[3], 'NX', string.format('%d', now_us), waiter)
       redis.call('ZADD', KEYS[4], string.format('%d', now_ms + lease), waiter)
       redis.call('PEXPIRE', KEYS[3], string.format('%d', lease * 2))
@@ -128,13 +142,12 @@ for i = 1, items do
       local soonest = redis.call('ZRANGEBYSCORE', holders, '-inf', '(1000000000000000', 'WITHSCORES', 'LIMIT', '0', '1')
       stored_soonest = soonest[2] and tonumber(soonest[2]) or -1
     end
+    -- This call's grants all end at now + ttl.
     local soonest = stored_soonest
-    for _, g in ipairs(granted) do
-      if soonest < 0 or g[2] < soonest then soonest = g[2] end
-    end
+    if #granted > 0 and (soonest < 0 or now_ms + ttl < soonest) then soonest = now_ms + ttl end
     local left = -1
     if soonest >= 0 then left = soonest - now_ms end
-    out[i] = {0, left, n}
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, left, n, 0
   end
 end
 
@@ -161,21 +174,17 @@ if #granted > 0 then
     digits[#digits + 1] = string.format('%d', h)
     h = h + 1
   end
-  local add, expiry = {}, {}  -- expiry: each lease end's digits, made once
-  for k, gr in ipairs(granted) do
-    local e = expiry[gr[2]]
-    if not e then
-      e = string.format('%d', gr[2])
-      expiry[gr[2]] = e
-    end
+  local add = {}
+  local e = string.format('%d', now_ms + ttl)  -- every grant's lease end
+  for k, i in ipairs(granted) do
     add[#add + 1] = e
-    add[#add + 1] = gr[3] .. ' ' .. digits[k]
-    out[gr[1]][3] = slots[k]
+    add[#add + 1] = ARGV[FIRST + 2 * (i - 1)] .. ' ' .. digits[k]
+    out[(i - 1) * 4 + 3] = slots[k]
   end
   redis.call('ZADD', holders, unpack(add))
 end
-if max_ttl > 0 and redis.call('PTTL', holders) < max_ttl then
-  redis.call('PEXPIRE', holders, string.format('%d', max_ttl))
+if #granted > 0 and redis.call('PTTL', holders) < ttl then
+  redis.call('PEXPIRE', holders, string.format('%d', ttl))
 end
 if fenced then redis.call('SET', KEYS[2], string.format('%d', fence)) end
 return out

@@ -16,36 +16,35 @@ local now = string.format('%d', now_ms)
 local out, any = {}, false
 local gone_members = {}
 -- Every member's expiry in one call (ZMSCORE, Redis 6.2+), one call each
--- on an older server.
-local asked = {}
-for i = 4, #ARGV do asked[#asked + 1] = ARGV[i] end
-local scores = redis.pcall('ZMSCORE', holders, unpack(asked))
+-- on an older server. The members go to Redis straight from ARGV: a copy
+-- into a table of our own would cost a table slot per member for nothing.
+local scores = redis.pcall('ZMSCORE', holders, unpack(ARGV, 4, #ARGV))
 if type(scores) ~= 'table' or scores.err then scores = nil end
 for i = 4, #ARGV do
-  local m = ARGV[i]
   local exp
-  if scores then exp = scores[i - 3] else exp = redis.call('ZSCORE', holders, m) end
+  if scores then exp = scores[i - 3] else exp = redis.call('ZSCORE', holders, ARGV[i]) end
   out[i - 3] = 0
   if exp then
     -- The slot is free either way (an expired entry was only not yet swept).
-    gone_members[#gone_members + 1] = m
+    gone_members[#gone_members + 1] = i
     if tonumber(exp) > now_ms then
       out[i - 3] = 1
       any = true
     end
   end
 end
--- One variadic call each for the whole batch. With no holder left the whole
--- key goes (an empty semaphore leaves nothing), free members and all, so
--- they are written only when someone still holds a permit: the holders
--- count below FREE, the free members above it.
-if #gone_members > 0 then redis.call('ZREM', holders, unpack(gone_members)) end
+-- One variadic call each for the whole batch (ZREM passes over the members
+-- that are not there). With no holder left the whole key goes (an empty
+-- semaphore leaves nothing), free members and all, so they are written only
+-- when someone still holds a permit: the holders count below FREE, the free
+-- members above it.
+if #gone_members > 0 then redis.call('ZREM', holders, unpack(ARGV, 4, #ARGV)) end
 if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
   redis.call('DEL', holders)
 elseif #gone_members > 0 then
   local markers = {}
-  for _, m in ipairs(gone_members) do
-    local s = string.match(m, ' (%d+)$')
+  for _, i in ipairs(gone_members) do
+    local s = string.match(ARGV[i], ' (%d+)$')
     markers[#markers + 1] = string.format('%d', FREE + 10000 - tonumber(s))
     markers[#markers + 1] = 'free:' .. s
   end

@@ -206,6 +206,40 @@ TEST_F(SemaphoreTest, AttemptsAndReleasesOfOneTurnShareOneCallAndKeepTheirOwnAns
   }
 }
 
+// A call's attempts share their TTL, fence and wait (sem_acquire.lua's ARGV
+// 4-7): attempts of one turn that differ in them go in separate calls, and
+// each holder's lease ends at its own TTL, with a fence only when it asked.
+TEST_F(SemaphoreTest, AttemptsOfOneTurnWithDifferentTermsKeepTheirOwnTtlAndFence) {
+  const auto r = resource("terms");
+  ASSERT_TRUE(svc->acquire(r, permits(6))->release());  // the scripts are loaded
+  LockOptions short_fenced = permits(6, 5s), long_plain = permits(6, 60s), short_waiting = permits(6, 5s, 10s);
+  long_plain.fence = false;
+  const auto before = script_calls();
+  auto got = acquire_in_one_turn(r, {short_fenced, long_plain, short_waiting, long_plain, short_fenced});
+  // Three sets of terms: three calls (and room for one reload).
+  EXPECT_GE(script_calls() - before, 3);
+  EXPECT_LE(script_calls() - before, 4);
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(got[i]) << "attempt " << i;
+  EXPECT_TRUE(got[0]->fence() && got[2]->fence() && got[4]->fence());
+  EXPECT_FALSE(got[1]->fence() || got[3]->fence());
+  std::set<int> slots;
+  for (auto& l : got) slots.insert(l->permit_slot());
+  EXPECT_EQ(slots, (std::set<int>{0, 1, 2, 3, 4}));
+  expect_slots_covered(*client, svc->keys().permit_holders_key(r));
+  const auto now = server_ms();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto member = got[i]->token() + " " + std::to_string(got[i]->permit_slot());
+    const auto score = client->exec(redis::Command{"ZSCORE", svc->keys().permit_holders_key(r), member});
+    ASSERT_TRUE(score.is_string()) << "attempt " << i << " has no holder entry " << member;
+    const auto left = std::stoll(score.str) - now;
+    if (i % 2 == 1) EXPECT_GT(left, 50'000) << "attempt " << i;
+    else EXPECT_LE(left, 5'000) << "attempt " << i;
+  }
+  // The key lives as long as its longest lease.
+  EXPECT_GT(client->exec(redis::Command{"PTTL", svc->keys().permit_holders_key(r)}).integer, 50'000);
+  for (auto& l : got) EXPECT_TRUE(l->release());
+}
+
 TEST_F(SemaphoreTest, AWaiterIsWokenByTheReleaseNotByItsPoll) {
   const auto r = resource("pay");
   auto a = svc->acquire(r, permits(2));
