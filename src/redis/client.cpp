@@ -223,6 +223,12 @@ asio::any_io_executor Client::get_executor() const noexcept { return impl_->ctx-
 asio::io_context& Client::context() const noexcept { return *impl_->ctx; }
 bool Client::running_in_loop_thread() const noexcept { return impl_->on_loop(); }
 
+void Client::flush_writes() {
+  if (!impl_->on_loop() || impl_->closed.load()) return;
+  for (auto& c : impl_->conns) c->write_now();
+  for (auto& [where, c] : impl_->nodes) c->write_now();
+}
+
 void Client::async_exec(Command cmd, Completion done, CallOptions opts) {
   impl_->submit(std::move(cmd).take_payload(), std::move(done), opts);
 }

@@ -95,6 +95,10 @@ void Connection::submit(Multiplexer::Request r) {
   schedule_write();
 }
 
+void Connection::write_now() {
+  if (state_ == State::ready && !mux_.write_in_progress()) do_write();
+}
+
 void Connection::close() {
   if (state_ == State::closed) return;
   if (state_ == State::ready) stats_->connected.fetch_sub(1);

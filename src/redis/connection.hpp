@@ -107,6 +107,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void submit(Multiplexer::Request r);
   void close();
+  // Loop thread: writes what is queued now instead of at the end of this
+  // turn of the loop (schedule_write), unless a write is under way or the
+  // connection is not ready (then it goes when it can, as it would anyway).
+  void write_now();
 
  private:
   // The multiplexer's hooks: plain functions with this connection as context.

@@ -159,6 +159,12 @@ class Client {
   boost::asio::io_context& context() const noexcept;
   // True on the event-loop thread (where blocking calls would deadlock).
   bool running_in_loop_thread() const noexcept;
+  // On the event-loop thread: sends the calls made so far in this turn of the
+  // loop now, instead of with the rest of the turn's calls at its end, so the
+  // server works on them while the caller goes on (the lock layer does it
+  // with a full batch of coalesced attempts). Elsewhere it does nothing:
+  // calls made off the loop thread reach it later anyway.
+  void flush_writes();
 
   // --- asynchronous interface (the one the lock layer uses) -----------------
   void async_exec(Command cmd, Completion done, CallOptions opts = {});
