@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <array>
 #include <future>
 
 #include <atomic>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <mutex>
@@ -43,6 +45,35 @@ TEST_F(RedisClient, ManyThreadsPipelineOverOneConnection) {
   EXPECT_EQ(ok.load(), kThreads * kPerThread);
   const auto s = c->stats();
   EXPECT_LT(s.writes, s.commands / 4) << "commands issued concurrently must share writes";
+}
+
+// Calls made in one turn of the loop leave together at its end; flush_writes
+// sends those made so far at once (the semaphore's full batches use it), and
+// does nothing off the loop thread.
+TEST_F(RedisClient, FlushWritesSendsThisTurnsCallsBeforeTheTurnEnds) {
+  auto c = make_client();
+  ASSERT_EQ(c->exec(Command{"PING"}).str, "PONG");  // connected
+  c->flush_writes();                                   // off the loop: nothing to do, nothing breaks
+  std::promise<std::array<std::uint64_t, 4>> seen;
+  std::atomic<int> replies{0};
+  boost::asio::post(c->get_executor(), [&] {
+    const auto w0 = c->stats().writes;
+    c->async_exec(Command{"SET", key("f"), "1"}, [&](std::error_code, Reply) { ++replies; });
+    const auto w1 = c->stats().writes;  // deferred to the end of the turn
+    c->flush_writes();
+    const auto w2 = c->stats().writes;  // written now
+    c->async_exec(Command{"GET", key("f")}, [&](std::error_code, Reply) { ++replies; });
+    c->flush_writes();
+    seen.set_value({w0, w1, w2, c->stats().writes});
+  });
+  const auto w = seen.get_future().get();
+  EXPECT_EQ(w[1], w[0]);
+  EXPECT_EQ(w[2], w[0] + 1);
+  // The second flush finds the first write done (the kernel took it whole)
+  // and writes the GET at once too.
+  EXPECT_EQ(w[3], w[0] + 2);
+  ASSERT_TRUE(eventually([&] { return replies.load() == 2; }));
+  EXPECT_EQ(c->exec(Command{"GET", key("f")}).str, "1");
 }
 
 // A write the kernel does not take whole at once (more than the socket's
