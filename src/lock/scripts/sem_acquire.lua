@@ -159,16 +159,20 @@ if #granted > 0 then
   -- they leave.
   local g = #granted
   local h = redis.call('ZCARD', holders)
-  local tail = redis.call('ZRANGE', holders, string.format('%d', -g), '-1', 'WITHSCORES')
+  -- Only free members score above FREE, the lowest slot highest: the first
+  -- g of them by descending score are the lowest free slots and the key's
+  -- last members, removed by rank. Members alone, no scores: a score comes
+  -- back as a printed double for Lua to parse again.
+  local free_members = redis.call('ZREVRANGEBYSCORE', holders, '+inf', '(1000000000000000', 'LIMIT', '0',
+                                  string.format('%d', g))
   -- Each slot kept as the digits it is written with too: a Lua number
   -- joined to a string is printed with '%.14g', dearer than the rest.
   local slots, digits = {}, {}
-  for j = #tail - 1, 1, -2 do
-    if tonumber(tail[j + 1]) <= FREE then break end
-    digits[#digits + 1] = string.sub(tail[j], 6)
-    slots[#slots + 1] = tonumber(digits[#digits])
+  for j, m in ipairs(free_members) do
+    digits[j] = string.sub(m, 6)
+    slots[j] = tonumber(digits[j])
   end
-  if #slots > 0 then redis.call('ZPOPMAX', holders, string.format('%d', #slots)) end
+  if #slots > 0 then redis.call('ZREMRANGEBYRANK', holders, string.format('%d', -#slots), '-1') end
   while #slots < g do
     slots[#slots + 1] = h
     digits[#digits + 1] = string.format('%d', h)

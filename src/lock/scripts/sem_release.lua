@@ -42,13 +42,28 @@ if #gone_members > 0 then redis.call('ZREM', holders, unpack(ARGV, 4, #ARGV)) en
 if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
   redis.call('DEL', holders)
 elseif #gone_members > 0 then
-  local markers = {}
+  -- The slots given back at the top need no free member: with the highest
+  -- slots in use gone, the key is shorter by them (H before this call was
+  -- the members left plus the ones removed). Only the slots below the
+  -- highest still in use get one. Holders that come and go in groups (the
+  -- calls of 32 of a busy process) then write free members for every other
+  -- group only.
+  local given = {}
   for _, i in ipairs(gone_members) do
     local s = string.match(ARGV[i], ' (%d+)$')
-    markers[#markers + 1] = string.format('%d', FREE + 10000 - tonumber(s))
+    given[tonumber(s)] = s
+  end
+  local top = redis.call('ZCARD', holders) + #gone_members - 1
+  while given[top] do
+    given[top] = nil
+    top = top - 1
+  end
+  local markers = {}
+  for slot, s in pairs(given) do
+    markers[#markers + 1] = string.format('%d', FREE + 10000 - slot)
     markers[#markers + 1] = 'free:' .. s
   end
-  redis.call('ZADD', holders, unpack(markers))
+  if #markers > 0 then redis.call('ZADD', holders, unpack(markers)) end
 end
 if not any then return out end
 -- Nobody waits (the common case): nothing to wake.

@@ -118,7 +118,7 @@ TEST_F(SemaphoreTest, SlotsStayDistinctThroughReleasesExpiriesAndALoweredCount) 
   }
   EXPECT_EQ(got, (std::vector<int>{1, 2, 3}));
   // Lowered to 3 with 5 held (0, 1, 2, 3, 5): nothing until fewer than 3,
-  // then a slot below 3 (free members 0, 2, 4, 5).
+  // then a slot below 3 (free members 0, 2 and 4; 5, the top, leaves none).
   set_permits(*svc, r, 3);
   EXPECT_FALSE(svc->acquire(r, permits(6)));
   for (auto* l : {&held[0], &held[7], &held[5]}) {
@@ -133,6 +133,42 @@ TEST_F(SemaphoreTest, SlotsStayDistinctThroughReleasesExpiriesAndALoweredCount) 
   for (auto* l : {&held[6], &held[8], &*low}) {
     EXPECT_TRUE(l->release());
   }
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
+}
+
+// Releases at the top of the slots shorten the key instead of writing free
+// members (sem_release.lua); below a slot still in use they write one each.
+TEST_F(SemaphoreTest, ReleasesAtTheTopShortenTheKeyAndBelowAHolderLeaveFreeMembers) {
+  const auto r = resource("top");
+  const auto key = svc->keys().permit_holders_key(r);
+  auto got = acquire_in_one_turn(r, std::vector<LockOptions>(5, permits(5)));
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(got[i]) << "attempt " << i;
+  std::vector<std::optional<Lock>> by_slot(5);
+  for (auto& l : got) by_slot[static_cast<std::size_t>(l->permit_slot())] = std::move(l);
+  const auto members = [&] { return client->exec(redis::Command{"ZCARD", key}).integer; };
+  const auto free_members = [&] {
+    return client->exec(redis::Command{"ZCOUNT", key, "(1000000000000000", "+inf"}).integer;
+  };
+  // 1, 3 and 4 in one call: 3 and 4 are the top, 1 is below 2.
+  EXPECT_EQ(release_in_one_turn(std::vector<const Lock*>{&*by_slot[1], &*by_slot[3], &*by_slot[4]}),
+            (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(members(), 3);
+  EXPECT_EQ(free_members(), 1);
+  expect_slots_covered(*client, key);
+  // 2, now the top: the key ends at 0 and the free member of 1 stays below it.
+  EXPECT_TRUE(by_slot[2]->release());
+  EXPECT_EQ(members(), 2);
+  EXPECT_EQ(free_members(), 1);
+  expect_slots_covered(*client, key);
+  // The next grant takes the free 1, the one after it 2 again.
+  auto a = svc->acquire(r, permits(5));
+  auto b = svc->acquire(r, permits(5));
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->permit_slot(), 1);
+  EXPECT_EQ(b->permit_slot(), 2);
+  EXPECT_EQ(free_members(), 0);
+  expect_slots_covered(*client, key);
+  for (auto* l : {&*by_slot[0], &*a, &*b}) EXPECT_TRUE(l->release());
   EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
 }
 
