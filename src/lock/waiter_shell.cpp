@@ -98,13 +98,14 @@ class LockWaiter final : public LockService::Impl::WaiterBase, public std::enabl
   bool counted() const noexcept { return opts_.permits > 0 || rw(); }
   std::string member() const { return opts_.permits > 0 ? permit_member(token_, slot_) : token_; }
 
-  // A reader's token carries 128 more random bits: over 64 bytes, longer than
-  // zset-max-listpack-value's default, so Redis keeps the readers' zset as a
-  // skiplist and finds each reader of a coalesced call in O(log n), instead of
-  // searching a listpack of every reader for each (docs/rwlock.md).
+  // A reader's or a permit's token carries 128 more random bits: over 64
+  // bytes, longer than zset-max-listpack-value's default, so Redis keeps the
+  // readers' or the holders' zset as a skiplist and finds each member of a
+  // coalesced call by its name in O(1), instead of searching a listpack of
+  // every holder for each (docs/rwlock.md, docs/semaphore.md).
   std::string new_token() const {
     std::string t = make_token(opts_.job_id);
-    if (opts_.mode == LockMode::shared) {
+    if (opts_.mode == LockMode::shared || opts_.permits > 0) {
       std::array<unsigned char, 16> more{};
       detail::random_bytes(more.data(), more.size());
       detail::append_hex(t, more.data(), more.size());
