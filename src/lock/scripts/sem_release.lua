@@ -20,6 +20,9 @@ local gone_members = {}
 -- into a table of our own would cost a table slot per member for nothing.
 local scores = redis.pcall('ZMSCORE', holders, unpack(ARGV, 4, #ARGV))
 if type(scores) ~= 'table' or scores.err then scores = nil end
+-- With no entry of the key expired (the common case, one count), every
+-- member found is live: no score need be read back as a number.
+local some_expired = redis.call('ZCOUNT', holders, '-inf', now) > 0
 for i = 4, #ARGV do
   local exp
   if scores then exp = scores[i - 3] else exp = redis.call('ZSCORE', holders, ARGV[i]) end
@@ -27,7 +30,7 @@ for i = 4, #ARGV do
   if exp then
     -- The slot is free either way (an expired entry was only not yet swept).
     gone_members[#gone_members + 1] = i
-    if tonumber(exp) > now_ms then
+    if not some_expired or tonumber(exp) > now_ms then
       out[i - 3] = 1
       any = true
     end
