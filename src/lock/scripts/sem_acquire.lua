@@ -32,11 +32,13 @@
 -- is evicted or is lost whole, never in part):
 --   "<token> <slot>"  a holder, scored by its lease's expiry (server ms);
 --   "free:<slot>"     a slot nobody holds, scored 1e15 + 10000 - slot: after
---                     every expiry, and the lowest free slot last, where
---                     reading and taking it is O(1) (the key's tail).
+--                     every expiry, and the lowest free slot last (the key's
+--                     tail), where a grant takes it without reading holders.
 -- Invariant: with H = ZCARD, each slot in [0, H) has exactly one member and
 -- none is >= H. Every script that removes a holder adds its slot's free
--- member in the same step (sem_release.lua, sem_extend.lua, the admin's).
+-- member in the same step (sem_release.lua, sem_extend.lua, the admin's),
+-- unless it removed the highest slots in use: then the key is shorter
+-- instead (sem_release.lua).
 --#include redis/scripts/server_time.lua
 --#include lock/scripts/fence_floor.lua
 --#include lock/scripts/epoch_moved.lua

@@ -52,8 +52,11 @@ elseif #gone_members > 0 then
   -- calls of 32 of a busy process) then write free members for every other
   -- group only.
   local given = {}
-  for _, i in ipairs(gone_members) do
-    local s = string.match(ARGV[i], ' (%d+)$')
+  for k = 1, #gone_members do
+    -- The slot is the member's last digits: matched from near its end, not
+    -- tried at every position of a long token.
+    local m = ARGV[gone_members[k]]
+    local s = string.match(m, ' (%d+)$', math.max(1, #m - 7))
     given[tonumber(s)] = s
   end
   local top = redis.call('ZCARD', holders) + #gone_members - 1
