@@ -45,10 +45,7 @@ Error Connection::describe(void* ctx, std::error_code ec, const Reply& reply) {
 bool Connection::push_now(void* ctx, Reply& r) { return static_cast<Connection*>(ctx)->on_push_(r); }
 
 // From inside feed(), on the loop thread; the read handler holds us alive.
-void Connection::flush_now(void* ctx) {
-  auto* c = static_cast<Connection*>(ctx);
-  if (c->state_ == State::ready && !c->mux_.write_in_progress()) c->do_write();
-}
+void Connection::flush_now(void* ctx) { static_cast<Connection*>(ctx)->write_now(); }
 
 Connection::Connection(asio::io_context& ctx, const ConnectionOptions& opts, std::shared_ptr<asio::ssl::context> ssl,
                        std::shared_ptr<SharedStats> stats)
