@@ -87,6 +87,17 @@ TEST_F(RwLockTest, ReadersHoldTogetherAndAWriterHoldsAlone) {
   EXPECT_TRUE(svc->acquire(r, reader()));
 }
 
+// A reader's token is long enough (over zset-max-listpack-value's default)
+// that Redis keeps the readers' key as a skiplist (waiter_shell.cpp, new_token).
+TEST_F(RwLockTest, TheReadersKeyIsASkiplistFromTheFirstReader) {
+  const auto r = resource("encoding");
+  auto l = svc->acquire(r, reader());
+  ASSERT_TRUE(l);
+  EXPECT_GT(l->token().size(), 64u);
+  EXPECT_EQ(client->exec(redis::Command{"OBJECT", "ENCODING", svc->keys().rw_readers_key(r)}).str, "skiplist");
+  EXPECT_TRUE(l->release());
+}
+
 TEST_F(RwLockTest, ListedOnceEachAndTheLongestWaitingWriterIsReported) {
   const auto read = resource("books"), write = resource("stock"), idle = resource("idle");
   auto r1 = svc->acquire(read, reader());

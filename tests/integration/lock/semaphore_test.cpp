@@ -172,6 +172,18 @@ TEST_F(SemaphoreTest, ReleasesAtTheTopShortenTheKeyAndBelowAHolderLeaveFreeMembe
   EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
 }
 
+// A permit's token is long enough (over zset-max-listpack-value's default)
+// that Redis keeps the holders' key as a skiplist, where each member of a
+// call is found by name instead of by a scan (waiter_shell.cpp, new_token).
+TEST_F(SemaphoreTest, TheHoldersKeyIsASkiplistFromTheFirstHolder) {
+  const auto r = resource("encoding");
+  auto p = svc->acquire(r, permits(4));
+  ASSERT_TRUE(p);
+  EXPECT_GT(p->token().size(), 64u);
+  EXPECT_EQ(client->exec(redis::Command{"OBJECT", "ENCODING", svc->keys().permit_holders_key(r)}).str, "skiplist");
+  EXPECT_TRUE(p->release());
+}
+
 TEST_F(SemaphoreTest, AForceReleaseFreesOnePermitAdvancesTheFenceAndIsListed) {
   const auto r = resource("ops");
   const auto key = svc->keys().permit_holders_key(r);
