@@ -56,7 +56,9 @@ class InterruptCleanup {
       if (postgres_ != nullptr || redis_ != nullptr)
         std::fputs("\njobguard demo: interrupted; stopping and removing the embedded servers\n", stderr);
       if (postgres_ != nullptr) {
-        postgres_->stop_immediate();
+        // Not stop_immediate(): the main thread may be in start(), with
+        // initdb running or the server about to be started.
+        postgres_->abandon();
         std::error_code ec;
         std::filesystem::remove_all(postgres_->dir(), ec);
       }

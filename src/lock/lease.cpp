@@ -86,10 +86,11 @@ void Lease::ensure(std::chrono::milliseconds min_left) const {
   }
 }
 
-bool Lease::lost() const noexcept {
-  const auto st = s_->state.load();
-  return st != LeaseState::active && st != LeaseState::released;
-}
+// The stop, not the state: publish() stores the state first and requests the
+// stop last, so a caller that sees lost() also sees stop_token() stopped, and
+// one woken by the stop finds lost(), state() and reason() set. (Only a loss
+// requests the stop; a release does not.)
+bool Lease::lost() const noexcept { return s_->stop.stop_requested(); }
 LeaseState Lease::state() const noexcept { return s_->state.load(); }
 std::string Lease::reason() const {
   std::lock_guard<std::mutex> g(s_->mu);

@@ -75,23 +75,28 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
   s->safe_until_ns.store(s->tl.safe_until().time_since_epoch().count());
   const LeaseState st = s->tl.state();
   if (st == LeaseState::active || st == LeaseState::released) return;
-  if (s->state.load() != LeaseState::active) return;
   std::function<void(LeaseState, const std::string&)> cb;
   std::string why;
   {
+    // The state changes under the lock that on_lost() registers under: a
+    // callback registered now is either taken here or finds the loss and is
+    // posted, never stored after the take and left uncalled. A compare, not
+    // a store: a release on another thread (stop_for_release) may have
+    // ended the lease since the check above, and then it is not lost.
     std::lock_guard<std::mutex> g(s->mu);
+    LeaseState expected = LeaseState::active;
+    if (!s->state.compare_exchange_strong(expected, st)) return;
     s->reason = s->quorum ? quorum_why_lost(*s, st) : fmt::format("lease on {} lost: {}", keys_text(*s), s->tl.reason());
     why = s->reason;
     cb = std::move(s->on_lost);
     s->on_lost = nullptr;
   }
-  // Counted before the loss is published: a caller that sees lost() reads
-  // the counts complete, and may then let the registry go.
+  // Counted before the loss is published (the stop below): a caller that
+  // sees lost() reads the counts complete, and may then let the registry go.
   s->metrics.leases_lost_total.inc();
   s->metrics.hold_seconds.observe(clock.now() - s->acquired_at());
   // A multi-lock's holds are per key, as its grants and releases are.
   for (const auto& l : s->more) s->metrics.hold_seconds.observe(clock.now() - l.acquired_at());
-  s->state.store(st);
   // The timeline's record, with the key and holder the counter cannot carry
   // (a hard timeout is the job's own deadline, not an incident).
   if ((st == LeaseState::token_gone || st == LeaseState::expired) && !s->quorum)
@@ -101,6 +106,9 @@ void LeaseScheduler::Impl::publish(const std::shared_ptr<Lease::State>& s) {
                               .job = token_owner(s->lock.token()), .lock_class = s->lock.lock_class(), .detail = why});
   lost.fetch_add(1);
   active.fetch_sub(1);
+  // Last of what a caller may read: Lease::lost() is this stop, so whoever
+  // sees it, or the stop token, finds the state, the reason and the counts
+  // already in.
   s->stop.request_stop();
   unschedule(s);
   // A multi-lock that lost one key gives back the others at once

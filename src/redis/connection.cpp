@@ -534,8 +534,10 @@ void Connection::sweep() {
     const std::string why = fmt::format("{} timeouts in a row on {} with no reply in between; connection recycled",
                                         consecutive_timeouts_, where_);
     consecutive_timeouts_ = 0;
-    stats_->recycled.fetch_add(1, std::memory_order_relaxed);
+    // Logged before it is counted: a caller that sees the count finds the
+    // warning too.
     warn(why);
+    stats_->recycled.fetch_add(1, std::memory_order_release);
     on_broken(make_error_code(errc::connection_lost), why);
   }
 }

@@ -10,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -91,17 +93,49 @@ pid_t spawn_as(const RunAs& who, std::vector<std::string> args, const std::strin
   return pid;
 }
 
-// Runs a tool to completion; throws with its output when it fails.
+// Runs a tool to completion; throws with its output when it fails. With
+// `children`, it is started only if they are not abandoned, and its pid (its
+// process group's: spawn_as) is there while it runs, for
+// EmbeddedPostgres::abandon() on another thread.
 void run_tool(const RunAs& who, const std::vector<std::string>& args, const std::string& log, const std::string& cwd,
-              const char* what) {
-  const pid_t pid = spawn_as(who, args, log, cwd);
+              const char* what, EmbeddedPostgres::Children* children = nullptr) {
+  pid_t pid = -1;
+  if (children != nullptr) {
+    std::lock_guard<std::mutex> g(children->mu);
+    if (children->abandoned) throw Error(errc::postgres_unavailable, fmt::format("{}: abandoned", what));
+    pid = children->tool = spawn_as(who, args, log, cwd);
+  } else {
+    pid = spawn_as(who, args, log, cwd);
+  }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (children != nullptr) {
+    std::lock_guard<std::mutex> g(children->mu);
+    children->tool = -1;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   throw Error(errc::invalid_argument, fmt::format("{} failed (exit {}{}): {}", what, code,
                                                   code == 127 ? ", not found?" : "", slurp(log)));
+}
+
+// Whether a process of group `pgid` is still alive: a zombie is not (it
+// writes nothing, and its reaper may be an init that never reaps).
+bool group_alive(pid_t pgid) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string stat = slurp(e.path().string() + "/stat");
+    // "pid (comm) S ppid pgrp ...": comm may hold anything but the last ')'.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) continue;
+    std::istringstream in(stat.substr(close + 2));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (!(in >> state >> ppid >> pgrp)) continue;
+    if (pgrp == pgid && state != 'Z' && state != 'X') return true;
+  }
+  return false;
 }
 
 void hand_to(const RunAs& who, const std::string& path) {
@@ -134,13 +168,18 @@ EmbeddedPostgres::~EmbeddedPostgres() {
 std::string EmbeddedPostgres::url() const { return fmt::format("postgresql://postgres@127.0.0.1:{}/postgres", port_); }
 
 void EmbeddedPostgres::initdb(const std::string& data_dir, const EmbeddedPostgresOptions& options) {
+  initdb_into(data_dir, options, nullptr);
+}
+
+void EmbeddedPostgres::initdb_into(const std::string& data_dir, const EmbeddedPostgresOptions& options,
+                                   Children* children) {
   const RunAs who = run_as();
   const std::filesystem::path parent = std::filesystem::path(data_dir).parent_path();
   const std::string log = data_dir + ".initdb.log";
   run_tool(who,
            {options.bin_dir + "/initdb", "-D", data_dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8",
             "--locale=C"},
-           log, parent.string(), "initdb");
+           log, parent.string(), "initdb", children);
   std::error_code ec;
   std::filesystem::remove(log, ec);
 }
@@ -151,10 +190,10 @@ void EmbeddedPostgres::make_cluster() {
     throw Error(errc::postgres_unavailable,
                 fmt::format("no PostgreSQL server in {} (Debian: postgresql-15)", opts_.bin_dir));
   if (opts_.template_data_dir.empty()) {
-    initdb(data_dir(), opts_);
+    initdb_into(data_dir(), opts_, &children_);
   } else {
     run_tool(run_as(), {"/bin/cp", "-a", opts_.template_data_dir, data_dir()}, dir_ + "/copy.log", dir_,
-             "copying the template cluster");
+             "copying the template cluster", &children_);
   }
 }
 
@@ -163,6 +202,8 @@ void EmbeddedPostgres::spawn() {
                                    "-k", dir_, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                                    "-c", "full_page_writes=off"};
   for (const auto& s : opts_.settings) args.insert(args.end(), {"-c", s});
+  std::lock_guard<std::mutex> g(children_.mu);
+  if (children_.abandoned) throw Error(errc::postgres_unavailable, fmt::format("postgres in {}: abandoned", dir_));
   pid_ = spawn_as(run_as(), std::move(args), dir_ + "/server.log", dir_);
 }
 
@@ -171,7 +212,9 @@ bool EmbeddedPostgres::wait_ready(std::chrono::milliseconds timeout) {
   const std::string pidfile = data_dir() + "/postmaster.pid";
   while (std::chrono::steady_clock::now() < until) {
     int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {  // exited: port taken, bad settings...
+    const pid_t pid = pid_.load();
+    if (pid <= 0) return false;  // stopped by another thread (stop_immediate)
+    if (::waitpid(pid, &status, WNOHANG) == pid) {  // exited: port taken, bad settings...
       pid_ = -1;
       return false;
     }
@@ -180,7 +223,7 @@ bool EmbeddedPostgres::wait_ready(std::chrono::milliseconds timeout) {
     std::ifstream in(pidfile);
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    if (lines.size() >= 8 && lines[0] == std::to_string(pid_) && lines[7].rfind("ready", 0) == 0) return true;
+    if (lines.size() >= 8 && lines[0] == std::to_string(pid) && lines[7].rfind("ready", 0) == 0) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
@@ -201,22 +244,45 @@ void EmbeddedPostgres::start() {
 }
 
 void EmbeddedPostgres::signal_and_reap(int sig) {
-  if (pid_ <= 0) return;
-  ::kill(pid_, sig);
+  const pid_t pid = pid_.load();
+  if (pid <= 0) return;
+  ::kill(pid, sig);
   int status = 0;
   if (sig != SIGKILL) {
     for (int i = 0; i < 3000; ++i) {
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      // ECHILD: reaped by the other thread (start()'s wait_ready) meanwhile.
+      if (r == pid || (r < 0 && errno == ECHILD)) {
         pid_ = -1;
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ::kill(pid_, SIGKILL);
+    ::kill(pid, SIGKILL);
   }
-  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   pid_ = -1;
+}
+
+void EmbeddedPostgres::abandon() {
+  pid_t tool = -1;
+  {
+    // After this, nothing is started (spawn(), run_tool check under the same
+    // lock), and what was started has published its pid.
+    std::lock_guard<std::mutex> g(children_.mu);
+    children_.abandoned = true;
+    tool = children_.tool;
+  }
+  if (tool > 0) {
+    // initdb runs postgres itself (bootstrap, then single-user mode), in its
+    // process group: the whole group goes, or a backend left behind keeps
+    // writing into the directory the caller is about to remove. Reaping it
+    // is the waiting thread's (run_tool).
+    ::kill(-tool, SIGKILL);
+    for (int i = 0; i < 500 && group_alive(tool); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  signal_and_reap(SIGQUIT);
 }
 
 void EmbeddedPostgres::stop() { signal_and_reap(SIGINT); }

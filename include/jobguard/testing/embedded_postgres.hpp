@@ -20,8 +20,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,19 @@ class EmbeddedPostgres {
   // Immediate shutdown (SIGQUIT: no checkpoint, crash recovery on the next
   // start), SIGKILL after 30 s. No-op when not running.
   void stop_immediate();
+  // For a thread that must stop everything while another may be in start()
+  // (a signal's, before it removes dir() and exits): kills an initdb or a
+  // template's copy still running, with every process it started, stops
+  // the server as stop_immediate() does, and makes start() fail from then
+  // on, so nothing runs in dir() any more when this returns.
+  void abandon();
+
+  // What abandon() stops from another thread (public for the source's helpers).
+  struct Children {
+    std::mutex mu;
+    bool abandoned = false;
+    pid_t tool = -1;  // initdb or cp, while make_cluster() runs it
+  };
 
   bool running() const noexcept { return pid_ > 0; }
   pid_t pid() const noexcept { return pid_; }
@@ -79,6 +94,7 @@ class EmbeddedPostgres {
   static void initdb(const std::string& data_dir, const EmbeddedPostgresOptions& options = {});
 
  private:
+  static void initdb_into(const std::string& data_dir, const EmbeddedPostgresOptions& options, Children* children);
   void make_cluster();
   void spawn();
   bool wait_ready(std::chrono::milliseconds timeout);
@@ -87,7 +103,8 @@ class EmbeddedPostgres {
   EmbeddedPostgresOptions opts_;
   std::string dir_;
   std::uint16_t port_ = 0;
-  pid_t pid_ = -1;
+  std::atomic<pid_t> pid_{-1};  // atomic: abandon() reads it from another thread
+  Children children_;
 };
 
 }  // namespace jobguard
