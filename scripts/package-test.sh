@@ -73,6 +73,7 @@ run_consumer() {  # STEP [SOURCE_DIR]
 run_consumer installed "$root/tests/consumer/harness"
 run_consumer readme_example
 run_consumer lock_only "$root/tests/consumer/lock_only"
+run_consumer asio_deprecated "$root/tests/consumer/asio_deprecated"
 
 echo "== dpkg -r jobguard"
 dpkg -r jobguard >/dev/null

@@ -5,7 +5,6 @@
 #     errors under AddressSanitizer + UndefinedBehaviorSanitizer, and runs every
 #     test there: unit, integration against private redis-server/PostgreSQL
 #     processes the fixtures start, CLI tests against the real binary, the
-#     installed-package consumers (built with the same sanitizer flags), the
 #     fault and interop tests,
 #  3. rebuilds what the concurrency tests need under ThreadSanitizer, as a
 #     Redis-only build (no PostgreSQL), and runs them (label tsan),
@@ -13,8 +12,8 @@
 #     exercise) and runs each for 30 s, two at a time (scripts/fuzz.sh),
 #  5. builds the Debian package (scripts/package.sh: Release, no debug
 #     information, no tests), installs it with dpkg -i, checks it and builds
-#     the consumer projects against the installed files, then removes it
-#     (scripts/package-test.sh).
+#     the consumer projects (tests/consumer/) against the installed files,
+#     runs them, then removes it (scripts/package-test.sh).
 # The builds of 3 and 4, and all of 5, run in the background, niced, while
 # 2's tests run.
 # One sanitized build serves the whole suite. A second, unsanitized build ran
@@ -62,11 +61,17 @@ if [ "${JOBGUARD_TEST_QUICK:-0}" = 1 ]; then
   exit $status
 fi
 
-# The sanitized trees link ~100 test binaries of up to 300 MB each: lld links
-# them in half ld.bfd's time. The package and the user's builds keep the default.
+# The sanitized trees link ~100 test binaries: lld links them in half
+# ld.bfd's time, and with the library's parts as shared libraries
+# (BUILD_SHARED_LIBS) each binary is its own objects, not the whole library
+# again (tens of MB written per binary, not hundreds). The package and the
+# user's builds keep the default: static libraries, ld.bfd. The consumer
+# tests build against what the package ships, static libraries, so a shared
+# tree leaves them to scripts/package-test.sh (tests/CMakeLists.txt).
 # Both also compile the library, the CLI and the bench harness as unity
 # batches (JOBGUARD_UNITY_BUILD): half the compile time of those parts.
-sanitized_tree=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld -DJOBGUARD_UNITY_BUILD=ON)
+sanitized_tree=(-DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld -DJOBGUARD_UNITY_BUILD=ON
+                -DBUILD_SHARED_LIBS=ON)
 # Line tables only (-g1): sanitizer reports keep file:line, and the build
 # writes a fraction of the debug information.
 echo "== build (Debug, ASan+UBSan, -Werror) ($(date +%T))"
