@@ -115,7 +115,8 @@ void SemaphoreCalls::acquire(const std::vector<std::string>& keys, int permits, 
                   terms.wait ? "1" : "0", std::to_string(terms.waiter_lease_ms)},
                  confirm,
                  {},
-                 4};
+                 true,
+                 terms.fence};
   };
   std::vector<std::string> item;
   item.reserve(2);
@@ -184,12 +185,44 @@ void SemaphoreCalls::release_rw(const KeyBuilder& keys, const std::string& resou
   add(std::move(key), make, std::move(item), release_completion(std::move(done)));
 }
 
+namespace {
+redis::Reply int_array(std::initializer_list<std::int64_t> values) {
+  redis::Reply out;
+  out.type = redis::Reply::Type::array;
+  out.elements.resize(values.size());
+  std::size_t i = 0;
+  for (const auto v : values) {
+    out.elements[i].type = redis::Reply::Type::integer;
+    out.elements[i++].integer = v;
+  }
+  return out;
+}
+
+// One attempt of a grant's reply (sem_acquire.lua's layout), as the waiter
+// reads an attempt: {1, fence or -1, slot, permits} granted, {0, ms until
+// the soonest lease ends or -1, permits, 0} busy, {-1, evicted, 0, 0}
+// refused.
+redis::Reply grant_reply(const redis::Reply& r, std::size_t attempts, std::size_t i, bool fenced) {
+  const auto& e = r.elements;
+  const std::int64_t n = e[0].integer, left = e[1].integer, evicted = e[2].integer, code = e[3 + i].integer;
+  if (code >= 0) return int_array({1, fenced ? e[3 + attempts + i].integer : -1, code, n});
+  if (code == -1) return int_array({0, left, n, 0});
+  return int_array({-1, evicted, 0, 0});
+}
+
+bool grant_shaped(const redis::Reply& r, std::size_t attempts, bool fenced) {
+  if (!r.is_array() || r.elements.size() != 3 + attempts * (fenced ? 2 : 1)) return false;
+  return std::all_of(r.elements.begin(), r.elements.end(), [](const redis::Reply& v) { return v.is_integer(); });
+}
+}  // namespace
+
 void SemaphoreCalls::send(Batch b) {
   auto done = std::make_shared<std::vector<redis::ConfirmedCompletion>>(std::move(b.done));
   client_.async_eval_confirmed(
       *b.script, std::move(b.keys), std::move(b.args), b.confirm,
-      [done, width = b.width](std::error_code ec, redis::Reply r, redis::Confirmation c) {
-        const bool shaped = r.is_array() && r.elements.size() == done->size() * std::max<std::size_t>(width, 1);
+      [done, grants = b.grants, fenced = b.fenced](std::error_code ec, redis::Reply r, redis::Confirmation c) {
+        const bool shaped =
+            grants ? grant_shaped(r, done->size(), fenced) : r.is_array() && r.elements.size() == done->size();
         if (!ec && !shaped) {
           ec = make_error_code(errc::protocol_error);
           redis::Reply e;
@@ -201,15 +234,10 @@ void SemaphoreCalls::send(Batch b) {
           if (!(*done)[i]) continue;
           if (ec) {
             (*done)[i](ec, r, c);
-          } else if (width == 0) {
-            (*done)[i](ec, std::move(r.elements[i]), c);
+          } else if (grants) {
+            (*done)[i](ec, grant_reply(r, done->size(), i, fenced), c);
           } else {
-            redis::Reply one;
-            one.type = redis::Reply::Type::array;
-            const auto first = r.elements.begin() + static_cast<std::ptrdiff_t>(i * width);
-            one.elements.assign(std::make_move_iterator(first),
-                                std::make_move_iterator(first + static_cast<std::ptrdiff_t>(width)));
-            (*done)[i](ec, std::move(one), c);
+            (*done)[i](ec, std::move(r.elements[i]), c);
           }
         }
       });

@@ -72,9 +72,12 @@ class SemaphoreCalls : public std::enable_shared_from_this<SemaphoreCalls> {
     std::vector<std::string> keys, args;  // the common arguments, then each item's
     redis::Confirm confirm;
     std::vector<redis::ConfirmedCompletion> done;
-    // Values per item in the reply: 0 = one element each (any shape); n > 0 =
-    // a flat array of n values each, handed to each caller as an array.
-    std::size_t width = 0;
+    // The reply: one element per item (any shape), or a semaphore grant's
+    // (sem_acquire.lua): the call's three shared values, then one code per
+    // attempt, then, with fences, one fence each; each caller gets its
+    // attempt as four values (semaphore.cpp, grant_reply).
+    bool grants = false;
+    bool fenced = false;
   };
   // The holders' key, the script, the count (a read-write lock: its mode), the
   // eviction count and the epoch (one string), the confirmation, and a

@@ -15,33 +15,69 @@ local now_ms = server_time()
 local now = string.format('%d', now_ms)
 local out, any = {}, false
 local gone_members = {}
--- Every member's expiry in one call (ZMSCORE, Redis 6.2+), one call each
--- on an older server. The members go to Redis straight from ARGV: a copy
--- into a table of our own would cost a table slot per member for nothing.
-local scores = redis.pcall('ZMSCORE', holders, unpack(ARGV, 4, #ARGV))
-if type(scores) ~= 'table' or scores.err then scores = nil end
+local members = #ARGV - 3
+local removed = nil
 -- With no entry of the key expired (the common case, one count), every
--- member found is live: no score need be read back as a number.
-local some_expired = redis.call('ZCOUNT', holders, '-inf', now) > 0
-for i = 4, #ARGV do
-  local exp
-  if scores then exp = scores[i - 3] else exp = redis.call('ZSCORE', holders, ARGV[i]) end
-  out[i - 3] = 0
-  if exp then
-    -- The slot is free either way (an expired entry was only not yet swept).
-    gone_members[#gone_members + 1] = i
-    if not some_expired or tonumber(exp) > now_ms then
+-- member found is live, and one ZREM says whether all were found: then
+-- nobody's expiry need be read. The members go to Redis straight from ARGV:
+-- a copy into a table of our own would cost a table slot per member.
+if redis.call('ZCOUNT', holders, '-inf', now) == 0 then
+  removed = redis.call('ZREM', holders, unpack(ARGV, 4, #ARGV))
+  if removed == members then
+    for i = 4, #ARGV do
       out[i - 3] = 1
-      any = true
+      gone_members[i - 3] = i
+    end
+    any = removed > 0
+  else
+    -- Some were not ours any more (force-released, swept after expiring).
+    -- Which, from the slots: each slot below the key's count before the
+    -- ZREM had one member (the invariant), so a member removed just now
+    -- left its slot with none, and one that was not there left its slot
+    -- held (another holder, a free member) or at or above that count.
+    local before = redis.call('ZCARD', holders) + removed
+    local held = {}
+    for _, m in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+      local s = string.match(m, '[ :](%d+)$')
+      if s then held[tonumber(s)] = true end
+    end
+    for i = 4, #ARGV do
+      local s = tonumber(string.match(ARGV[i], ' (%d+)$', math.max(1, #ARGV[i] - 7)))
+      out[i - 3] = 0
+      if s and s < before and not held[s] then
+        -- Marked held: the same member twice in one call counts once.
+        held[s] = true
+        out[i - 3] = 1
+        any = true
+        gone_members[#gone_members + 1] = i
+      end
     end
   end
+else
+  -- Every member's expiry in one call (ZMSCORE, Redis 6.2+), one call each
+  -- on an older server.
+  local scores = redis.pcall('ZMSCORE', holders, unpack(ARGV, 4, #ARGV))
+  if type(scores) ~= 'table' or scores.err then scores = nil end
+  for i = 4, #ARGV do
+    local exp
+    if scores then exp = scores[i - 3] else exp = redis.call('ZSCORE', holders, ARGV[i]) end
+    out[i - 3] = 0
+    if exp then
+      -- The slot is free either way (an expired entry was only not yet swept).
+      gone_members[#gone_members + 1] = i
+      if tonumber(exp) > now_ms then
+        out[i - 3] = 1
+        any = true
+      end
+    end
+  end
+  if #gone_members > 0 then redis.call('ZREM', holders, unpack(ARGV, 4, #ARGV)) end
 end
--- One variadic call each for the whole batch (ZREM passes over the members
+-- One variadic ZREM for the whole batch above (it passes over the members
 -- that are not there). With no holder left the whole key goes (an empty
 -- semaphore leaves nothing), free members and all, so they are written only
 -- when someone still holds a permit: the holders count below FREE, the free
 -- members above it.
-if #gone_members > 0 then redis.call('ZREM', holders, unpack(ARGV, 4, #ARGV)) end
 if redis.call('ZCOUNT', holders, '-inf', '(1000000000000000') == 0 then
   redis.call('DEL', holders)
 elseif #gone_members > 0 then

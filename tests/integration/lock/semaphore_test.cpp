@@ -172,6 +172,40 @@ TEST_F(SemaphoreTest, ReleasesAtTheTopShortenTheKeyAndBelowAHolderLeaveFreeMembe
   EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
 }
 
+// A call's release finds whether each member was still there without
+// reading their expiries when none has expired: one ZREM, and when it
+// removed fewer than the call named, the slots tell which (sem_release.lua).
+TEST_F(SemaphoreTest, AReleaseOfSeveralWhereSomeAreNoLongerOursAnswersEachByItsOwn) {
+  const auto r = resource("gone");
+  const auto key = svc->keys().permit_holders_key(r);
+  auto got = acquire_in_one_turn(r, std::vector<LockOptions>(5, permits(5)));
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(got[i]) << "attempt " << i;
+  std::vector<std::optional<Lock>> by_slot(5);
+  for (auto& l : got) by_slot[static_cast<std::size_t>(l->permit_slot())] = std::move(l);
+  // Slot 1 force-released (its free member written), slot 4, the top, too
+  // (the key shorter by it): neither is ours any more, and nothing expired.
+  for (int slot : {1, 4})
+    EXPECT_EQ(admin::force_release_permit(*svc, r, {.reason = "test", .slot = slot}).outcome,
+              admin::ForceReleaseResult::Outcome::released);
+  expect_slots_covered(*client, key);
+  EXPECT_EQ(release_in_one_turn(std::vector<const Lock*>{&*by_slot[1], &*by_slot[2], &*by_slot[4], &*by_slot[3]}),
+            (std::vector<int>{0, 1, 0, 1}));
+  expect_slots_covered(*client, key);
+  EXPECT_EQ(inspect_semaphore(*svc, r).holders.size(), 1u);
+  // Slot 1 taken by a new holder, then 0 and the old 1 in one call: only
+  // the new holder of 1 keeps it.
+  auto again = svc->acquire(r, permits(5));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->permit_slot(), 1);
+  EXPECT_EQ(release_in_one_turn(std::vector<const Lock*>{&*by_slot[0], &*by_slot[1]}), (std::vector<int>{1, 0}));
+  expect_slots_covered(*client, key);
+  const auto info = inspect_semaphore(*svc, r);
+  ASSERT_EQ(info.holders.size(), 1u);
+  EXPECT_EQ(info.holders[0].slot, 1);
+  EXPECT_TRUE(again->release());
+  EXPECT_EQ(client->exec(redis::Command{"EXISTS", key}).integer, 0);
+}
+
 // A permit's token is long enough (over zset-max-listpack-value's default)
 // that Redis keeps the holders' key as a skiplist, where each member of a
 // call is found by name instead of by a scan (waiter_shell.cpp, new_token).
