@@ -11,8 +11,11 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <charconv>
+#include <chrono>
 #include <future>
 #include <thread>
+
+#include <pthread.h>
 
 #include "jobguard/error.hpp"
 #include "redis/client_impl.hpp"
@@ -59,6 +62,30 @@ std::shared_ptr<asio::ssl::context> make_tls_context(const TlsOptions& tls) {
 }  // namespace detail
 
 namespace {
+// The loop of a client's own thread. With busy_poll, it goes on polling
+// (epoll with a zero timeout) for that long after the last handler ran
+// before it blocks: a reply that lands within the window is read at once
+// instead of after the wake-up of a sleeping thread, which on a virtual
+// machine costs tens of microseconds on each side of every round trip
+// (docs/bench.md, "Semaphore"). A client with nothing in flight blocks once
+// the window passes: an idle one pays a window of polling per wake-up.
+void run_loop(asio::io_context& ctx, std::chrono::microseconds busy_poll) {
+  if (busy_poll.count() == 0) {
+    ctx.run();
+    return;
+  }
+  using clock = std::chrono::steady_clock;
+  while (!ctx.stopped()) {
+    if (ctx.poll() > 0) continue;
+    bool ran = false;
+    for (const auto until = clock::now() + busy_poll; !ran && !ctx.stopped() && clock::now() < until;)
+      ran = ctx.poll() > 0;
+    // run_one() returns at once when the context was stopped or ran out of
+    // work: the loop ends as run() would.
+    if (!ran && !ctx.stopped()) ctx.run_one();
+  }
+}
+
 void check_options(const ConnectionOptions& opts) {
   if (opts.command_timeout.count() <= 0)
     throw Error(errc::invalid_argument, "command_timeout must be positive (every call has a deadline)");
@@ -71,6 +98,9 @@ void check_options(const ConnectionOptions& opts) {
                 fmt::format("max_reply_depth {} is outside 1..7 (the hiredis reader nests at most 7 deep)",
                             opts.max_reply_depth));
   if (opts.recycle_after_timeouts < 0) throw Error(errc::invalid_argument, "recycle_after_timeouts must be >= 0");
+  if (opts.busy_poll.count() < 0 || opts.busy_poll > kMaxBusyPoll)
+    throw Error(errc::invalid_argument, fmt::format("busy_poll {}us is outside 0..{}us", opts.busy_poll.count(),
+                                                    kMaxBusyPoll.count()));
   if (opts.subscriber_ping_interval.count() < 0)
     throw Error(errc::invalid_argument, "subscriber_ping_interval must be >= 0");
 }
@@ -181,7 +211,9 @@ Client::Client(ConnectionOptions options) : impl_(std::make_shared<Impl>()) {
   impl_->ctx = impl_->own_ctx.get();
   impl_->work.emplace(impl_->ctx->get_executor());
   impl_->init();
-  impl_->thread = std::thread([ctx = impl_->ctx] { ctx->run(); });
+  impl_->thread = std::thread([ctx = impl_->ctx, spin = impl_->opts.busy_poll] { run_loop(*ctx, spin); });
+  // Named so `top -H` and /proc tell a spinning loop (busy_poll) from the rest.
+  ::pthread_setname_np(impl_->thread.native_handle(), "jobguard-io");
 }
 
 Client::Client(asio::io_context& ctx, ConnectionOptions options) : impl_(std::make_shared<Impl>()) {

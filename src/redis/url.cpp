@@ -161,10 +161,11 @@ void parse_host_port(std::string_view rest, std::string_view url, ConnectionOpti
   if (!port.empty()) o.port = parse_int<std::uint16_t>(port, url, "port", 1, 65535);
 }
 
-std::chrono::milliseconds parse_positive_duration(const std::string& val, std::string_view url, std::string_view key) {
-  std::chrono::milliseconds d{};
+// A duration option, its parse error rephrased as the URL's.
+template <class Parse>
+auto url_duration(const std::string& val, std::string_view url, std::string_view key, Parse parse) {
   try {
-    d = parse_duration_ms(val, key);
+    return parse(val, key);
   } catch (const Error& e) {
     // Keep one "invalid URL:" prefix: drop the nested category text.
     std::string_view why = e.what();
@@ -172,8 +173,18 @@ std::chrono::milliseconds parse_positive_duration(const std::string& val, std::s
     if (why.substr(0, prefix.size()) == prefix) why.remove_prefix(prefix.size());
     bad(url, fmt::format("option {}: {}", escape_text(key, 64), why));
   }
-  // Outside the try: bad() throws the very type the handler catches.
+}
+
+std::chrono::milliseconds parse_positive_duration(const std::string& val, std::string_view url, std::string_view key) {
+  const auto d = url_duration(val, url, key, parse_duration_ms);
   if (d.count() <= 0) bad(url, fmt::format("option {} must be positive (at least 1ms)", key));
+  return d;
+}
+
+// 0 is allowed: off, as when the option is absent.
+std::chrono::microseconds busy_poll(const std::string& val, std::string_view url) {
+  const auto d = url_duration(val, url, "busy_poll", parse_duration);
+  if (d > kMaxBusyPoll) bad(url, "option busy_poll must be at most 1s");
   return d;
 }
 
@@ -198,6 +209,7 @@ void apply_option(std::string_view key, const std::string& val, bool sentinel, s
   else if (key == "sentinel_check" && sentinel) o.sentinel.check_interval = dur();
   else if (key == "sentinel_tls" && sentinel) o.sentinel.tls = parse_bool(val, url, key);
   else if (key == "cluster") o.cluster = parse_bool(val, url, key);
+  else if (key == "busy_poll") o.busy_poll = busy_poll(val, url);
   else if (key == "db") o.db = parse_int<int>(val, url, "database", 0, 1 << 20);
   else bad(url, fmt::format("unknown option \"{}\"", escape_text(key, 64)));
 }

@@ -102,10 +102,12 @@ Report permits(const redis::ConnectionOptions& opts, const PairsConfig& cfg) {
   rep.json = nlohmann::json{{"redis", where},
                             {"permits", {{"permits", cfg.permits}, {"workers", cfg.workers}, {"seconds", cfg.seconds},
                                          {"ops", st.ops}, {"ops_per_s", per_s}, {"p50_us", st.p50_us},
-                                         {"p99_us", st.p99_us}, {"errors", st.errors}}}};
-  rep.text = fmt::format("jobguard bench --permits {}: {} workers, {:.1f} s, {}: {:.0f} acquire+release/s   p50 {:.0f} "
-                         "us   p99 {:.0f} us   errors {}\n",
-                         cfg.permits, cfg.workers, cfg.seconds, where, per_s, st.p50_us, st.p99_us, st.errors);
+                                         {"p99_us", st.p99_us}, {"errors", st.errors},
+                                         {"busy_poll_us", opts.busy_poll.count()}}}};
+  const auto spin = opts.busy_poll.count() > 0 ? fmt::format(" (busy_poll {}us)", opts.busy_poll.count()) : "";
+  rep.text = fmt::format("jobguard bench --permits {}: {} workers, {:.1f} s, {}{}: {:.0f} acquire+release/s   p50 "
+                         "{:.0f} us   p99 {:.0f} us   errors {}\n",
+                         cfg.permits, cfg.workers, cfg.seconds, where, spin, per_s, st.p50_us, st.p99_us, st.errors);
   return rep;
 }
 

@@ -50,6 +50,8 @@ struct SentinelOptions {
   bool tls = false;
 };
 
+inline constexpr std::chrono::microseconds kMaxBusyPoll{1000000};
+
 struct ConnectionOptions {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6379;
@@ -95,6 +97,15 @@ struct ConnectionOptions {
   // one and two connections within a few % at 64 callers). Commands a caller
   // issues without waiting keep their order only on one connection.
   int connections = 1;
+  // Busy polling (URL option `busy_poll`, e.g. `100us`): after anything
+  // happened, the client's own I/O thread keeps polling its sockets for this
+  // long before it sleeps, so a reply that arrives meanwhile is read without
+  // the wake-up of a sleeping thread. It trades CPU for round-trip time: a
+  // client that makes calls back to back keeps a core busy; one with nothing
+  // in flight sleeps once the window has passed. Default 0 = off; at most
+  // kMaxBusyPoll. A Client on the caller's io_context ignores it (the caller
+  // runs that loop).
+  std::chrono::microseconds busy_poll{0};
   // Connect (TCP + TLS + AUTH/SELECT) deadline. Default 2 s; must be > 0.
   std::chrono::milliseconds connect_timeout{2000};
   // Deadline for a call that does not give its own. Default 2 s; must be > 0:
@@ -161,7 +172,8 @@ struct ConnectionOptions {
 // `rediss://...` (TLS). Query options: `timeout`, `connect_timeout` (durations),
 // `connections`, `ca` (CA file), `sni`, `verify` (yes/no), `cert`, `key`,
 // `name`, `max_ttl` (a duration, lock_max_ttl), `replicas` (0..64),
-// `replicas_timeout` (a duration), `waitaof` (yes/no), `cluster` (yes/no). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
+// `replicas_timeout` (a duration), `waitaof` (yes/no), `cluster` (yes/no),
+// `busy_poll` (a duration, 0us..1s). IPv6 hosts go in brackets. The userinfo runs to the last '@', so a
 // password may hold raw '/', '?', ':' or '@' (an '@' in a query value must be
 // written %40). Throws Error(errc::invalid_url) naming the bad part, e.g.
 // `invalid URL: port 99999 out of range (1..65535) in "redis://h:99999"`; the

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <fstream>
 #include <future>
 
 #include <atomic>
@@ -12,6 +14,8 @@
 #include <boost/asio/use_future.hpp>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "helpers.hpp"
 #include "support/redis_fixture.hpp"
@@ -302,6 +306,67 @@ TEST_F(RedisClient, DestroyingTheClientFailsPendingCallsWithShutdownAndDoesNotHa
   server->resume();
 }
 
+namespace {
+// The scheduler's state letter of a thread of this process ('R' running or
+// runnable, 'S' asleep), '?' once it is gone.
+char thread_state(const std::string& tid) {
+  std::ifstream in("/proc/self/task/" + tid + "/stat");
+  std::string s;
+  std::getline(in, s);
+  const auto close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() ? s[close + 2] : '?';
+}
+
+// The name of a thread of this process.
+std::string thread_name(const std::string& tid) {
+  std::ifstream in("/proc/self/task/" + tid + "/comm");
+  std::string n;
+  std::getline(in, n);
+  return n;
+}
+}  // namespace
+
+// busy_poll: after a reply the loop goes on polling instead of going to
+// sleep, sleeps once the window passed with nothing to do, and its deadlines
+// fire while it polls.
+TEST_F(RedisClient, BusyPollKeepsTheLoopAwakeAfterAReplyAndAsleepWhenIdle) {
+  auto o = options();
+  o.busy_poll = std::chrono::milliseconds(300);
+  auto c = std::make_unique<Client>(o);
+  std::promise<pid_t> loop;
+  boost::asio::post(c->get_executor(), [&] { loop.set_value(::gettid()); });
+  const std::string tid = std::to_string(loop.get_future().get());
+  EXPECT_EQ(thread_name(tid), "jobguard-io");
+
+  ASSERT_EQ(c->exec(Command{"PING"}).str, "PONG");
+  // Sampled inside the 300 ms window, from a moment after the reply: a loop
+  // blocked in epoll_wait is 'S' by then, one that polls is 'R' (running, or
+  // runnable when the machine is busy) throughout.
+  const auto window_end = SteadyClock::now() + Ms(250);
+  std::string seen;
+  for (std::this_thread::sleep_for(Ms(5)); SteadyClock::now() < window_end; std::this_thread::sleep_for(Ms(10)))
+    seen += thread_state(tid);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_GE(std::count(seen.begin(), seen.end(), 'R') * 5, static_cast<std::ptrdiff_t>(seen.size()) * 4)
+      << "the loop slept in its polling window after a reply: states " << seen;
+
+  char idle = '?';
+  for (const auto until = SteadyClock::now() + std::chrono::seconds(10); SteadyClock::now() < until;) {
+    if ((idle = thread_state(tid)) == 'S') break;
+    std::this_thread::sleep_for(Ms(20));
+  }
+  EXPECT_EQ(idle, 'S') << "an idle client's loop must sleep once the window has passed";
+
+  server->pause();  // SIGSTOP: the call is never answered
+  CallOptions co;
+  co.timeout = Ms(200);
+  auto f = c->exec_future(Command{"PING"}, co);
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "a deadline did not fire while polling";
+  EXPECT_EQ(error_of([&] { f.get(); }).code(), errc::timeout);
+  server->resume();
+  EXPECT_EQ(c->exec(Command{"PING"}).str, "PONG");
+}
+
 TEST_F(RedisClient, MalformedUrlsFailBeforeAnyConnectionIsTried) {
   for (const char* url : {"redis://127.0.0.1:99999", "http://127.0.0.1:6379", "redis://127.0.0.1/x"}) {
     const Error e = error_of([&] { Client c(parse_url(url)); });
@@ -312,6 +377,11 @@ TEST_F(RedisClient, MalformedUrlsFailBeforeAnyConnectionIsTried) {
   EXPECT_EQ(error_of([&] { Client c(o); }).code(), errc::invalid_argument);
   o = options();
   o.command_timeout = Ms(0);
+  EXPECT_EQ(error_of([&] { Client c(o); }).code(), errc::invalid_argument);
+  o = options();
+  o.busy_poll = kMaxBusyPoll + std::chrono::microseconds(1);
+  EXPECT_EQ(error_of([&] { Client c(o); }).code(), errc::invalid_argument);
+  o.busy_poll = std::chrono::microseconds(-1);
   EXPECT_EQ(error_of([&] { Client c(o); }).code(), errc::invalid_argument);
   o = options();
   o.tls.enabled = true;

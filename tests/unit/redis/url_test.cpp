@@ -9,6 +9,7 @@
 using namespace jobguard;
 using namespace jobguard::redis;
 using std::chrono::milliseconds;
+using std::chrono::microseconds;
 
 TEST(ParseUrl, DefaultsForAPlainHost) {
   const auto o = parse_url("redis://cache.internal");
@@ -78,6 +79,14 @@ TEST(ParseUrl, DurationAndCountOptions) {
   EXPECT_EQ(o.connections, 2);
   EXPECT_EQ(o.client_name, "worker-7");
   EXPECT_EQ(o.db, 4);
+}
+
+TEST(ParseUrl, BusyPollIsOffUnlessAskedForAndTakesMicroseconds) {
+  EXPECT_EQ(parse_url("redis://h").busy_poll, microseconds(0));
+  EXPECT_EQ(parse_url("redis://h?busy_poll=300us").busy_poll, microseconds(300));
+  EXPECT_EQ(parse_url("redis://h?busy_poll=2ms").busy_poll, microseconds(2000));
+  EXPECT_EQ(parse_url("redis://h?busy_poll=0us").busy_poll, microseconds(0));
+  EXPECT_EQ(parse_url("redis://h?busy_poll=1s").busy_poll, kMaxBusyPoll);
 }
 
 TEST(ParseUrl, ReplicaConfirmationOptions) {
@@ -194,6 +203,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis://h?replicas=one", "replicas is not a number"},
                       Bad{"redis://h?replicas_timeout=0ms", "replicas_timeout must be positive"},
                       Bad{"redis://h?waitaof=sometimes", "waitaof=\"sometimes\""},
+                      Bad{"redis://h?busy_poll=2s", "busy_poll must be at most 1s"},
+                      Bad{"redis://h?busy_poll=300", "option busy_poll: "},
+                      Bad{"redis://h?busy_poll=-5us", "option busy_poll: "},
                       Bad{"redis://alice:@h", "empty password"},
                       // Found by fuzz/url_fuzzer: with_password() then built "redis://:pw@@h".
                       Bad{"redis://@h", "nothing before '@'"},
