@@ -24,6 +24,15 @@
 #include "testing/spawn.hpp"
 
 namespace jobguard {
+namespace detail {
+// What EmbeddedPostgres::abandon() stops from another thread.
+struct PgChildren {
+  std::mutex mu;
+  bool abandoned = false;
+  pid_t tool = -1;  // initdb or cp, while make_cluster() runs it
+};
+}  // namespace detail
+
 namespace {
 
 using testing_detail::on_spawner_thread;
@@ -98,7 +107,7 @@ pid_t spawn_as(const RunAs& who, std::vector<std::string> args, const std::strin
 // process group's: spawn_as) is there while it runs, for
 // EmbeddedPostgres::abandon() on another thread.
 void run_tool(const RunAs& who, const std::vector<std::string>& args, const std::string& log, const std::string& cwd,
-              const char* what, EmbeddedPostgres::Children* children = nullptr) {
+              const char* what, detail::PgChildren* children = nullptr) {
   pid_t pid = -1;
   if (children != nullptr) {
     std::lock_guard<std::mutex> g(children->mu);
@@ -145,7 +154,8 @@ void hand_to(const RunAs& who, const std::string& path) {
 
 }  // namespace
 
-EmbeddedPostgres::EmbeddedPostgres(EmbeddedPostgresOptions options) : opts_(std::move(options)) {
+EmbeddedPostgres::EmbeddedPostgres(EmbeddedPostgresOptions options)
+    : opts_(std::move(options)), children_(std::make_unique<detail::PgChildren>()) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "jobguard-pg-XXXXXX").string();
   if (::mkdtemp(tmpl.data()) == nullptr)
     throw Error(errc::invalid_argument, fmt::format("mkdtemp {}: {}", tmpl, std::strerror(errno)));
@@ -172,7 +182,7 @@ void EmbeddedPostgres::initdb(const std::string& data_dir, const EmbeddedPostgre
 }
 
 void EmbeddedPostgres::initdb_into(const std::string& data_dir, const EmbeddedPostgresOptions& options,
-                                   Children* children) {
+                                   detail::PgChildren* children) {
   const RunAs who = run_as();
   const std::filesystem::path parent = std::filesystem::path(data_dir).parent_path();
   const std::string log = data_dir + ".initdb.log";
@@ -190,10 +200,10 @@ void EmbeddedPostgres::make_cluster() {
     throw Error(errc::postgres_unavailable,
                 fmt::format("no PostgreSQL server in {} (Debian: postgresql-15)", opts_.bin_dir));
   if (opts_.template_data_dir.empty()) {
-    initdb_into(data_dir(), opts_, &children_);
+    initdb_into(data_dir(), opts_, children_.get());
   } else {
     run_tool(run_as(), {"/bin/cp", "-a", opts_.template_data_dir, data_dir()}, dir_ + "/copy.log", dir_,
-             "copying the template cluster", &children_);
+             "copying the template cluster", children_.get());
   }
 }
 
@@ -202,8 +212,8 @@ void EmbeddedPostgres::spawn() {
                                    "-k", dir_, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                                    "-c", "full_page_writes=off"};
   for (const auto& s : opts_.settings) args.insert(args.end(), {"-c", s});
-  std::lock_guard<std::mutex> g(children_.mu);
-  if (children_.abandoned) throw Error(errc::postgres_unavailable, fmt::format("postgres in {}: abandoned", dir_));
+  std::lock_guard<std::mutex> g(children_->mu);
+  if (children_->abandoned) throw Error(errc::postgres_unavailable, fmt::format("postgres in {}: abandoned", dir_));
   pid_ = spawn_as(run_as(), std::move(args), dir_ + "/server.log", dir_);
 }
 
@@ -270,9 +280,9 @@ void EmbeddedPostgres::abandon() {
   {
     // After this, nothing is started (spawn(), run_tool check under the same
     // lock), and what was started has published its pid.
-    std::lock_guard<std::mutex> g(children_.mu);
-    children_.abandoned = true;
-    tool = children_.tool;
+    std::lock_guard<std::mutex> g(children_->mu);
+    children_->abandoned = true;
+    tool = children_->tool;
   }
   if (tool > 0) {
     // initdb runs postgres itself (bootstrap, then single-user mode), in its

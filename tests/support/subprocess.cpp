@@ -135,4 +135,18 @@ bool process_gone(pid_t pid) {
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
 }
 
+std::vector<std::string> processes_naming(const std::string& needle) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = read_file(e.path().string() + "/cmdline");
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    if (cmd.find(needle) != std::string::npos) found.push_back(name + ": " + cmd);
+  }
+  return found;
+}
+
 }  // namespace jobguard::test

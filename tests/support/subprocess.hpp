@@ -67,4 +67,9 @@ bool process_gone(pid_t pid);
 // on a /proc file of a process that exits meanwhile: ESRCH, never thrown).
 std::string read_file(const std::string& path);
 
+// Processes whose command line names `needle`, as "PID: command line". A
+// zombie's command line is empty, so one that died but is not reaped yet
+// never matches.
+std::vector<std::string> processes_naming(const std::string& needle);
+
 }  // namespace jobguard::test

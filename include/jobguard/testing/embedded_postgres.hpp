@@ -23,11 +23,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace jobguard {
+namespace detail {
+struct PgChildren;  // what abandon() stops from another thread (the source's)
+}  // namespace detail
 
 struct EmbeddedPostgresOptions {
   // Where initdb and postgres live (Debian: postgresql-15).
@@ -70,13 +73,6 @@ class EmbeddedPostgres {
   // on, so nothing runs in dir() any more when this returns.
   void abandon();
 
-  // What abandon() stops from another thread (public for the source's helpers).
-  struct Children {
-    std::mutex mu;
-    bool abandoned = false;
-    pid_t tool = -1;  // initdb or cp, while make_cluster() runs it
-  };
-
   bool running() const noexcept { return pid_ > 0; }
   pid_t pid() const noexcept { return pid_; }
   std::uint16_t port() const noexcept { return port_; }
@@ -94,7 +90,8 @@ class EmbeddedPostgres {
   static void initdb(const std::string& data_dir, const EmbeddedPostgresOptions& options = {});
 
  private:
-  static void initdb_into(const std::string& data_dir, const EmbeddedPostgresOptions& options, Children* children);
+  static void initdb_into(const std::string& data_dir, const EmbeddedPostgresOptions& options,
+                          detail::PgChildren* children);
   void make_cluster();
   void spawn();
   bool wait_ready(std::chrono::milliseconds timeout);
@@ -104,7 +101,7 @@ class EmbeddedPostgres {
   std::string dir_;
   std::uint16_t port_ = 0;
   std::atomic<pid_t> pid_{-1};  // atomic: abandon() reads it from another thread
-  Children children_;
+  std::unique_ptr<detail::PgChildren> children_;
 };
 
 }  // namespace jobguard

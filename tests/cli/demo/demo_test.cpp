@@ -35,26 +35,11 @@ std::string announced_dir(const std::string& err) {
   return m[1];
 }
 
-// Processes whose command line names `needle` (the postmaster runs with
-// -D <dir>/data, its backends are its children and die with it).
-std::vector<std::string> processes_naming(const std::string& needle) {
-  std::vector<std::string> found;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd = read_file(e.path().string() + "/cmdline");
-    for (char& c : cmd)
-      if (c == '\0') c = ' ';
-    if (cmd.find(needle) != std::string::npos) found.push_back(name + ": " + cmd);
-  }
-  return found;
-}
-
 void expect_nothing_left(const std::string& dir) {
   ASSERT_FALSE(dir.empty());
   EXPECT_FALSE(std::filesystem::exists(dir)) << dir << " was left behind";
-  // A reaped child can linger in /proc for a moment; its command line is
-  // then empty, so it does not match.
+  // The postmaster runs with -D <dir>/data; its backends are its children
+  // and die with it. A child that lingers in /proc unreaped does not match.
   EXPECT_EQ(processes_naming(dir), std::vector<std::string>{}) << "a server of " << dir << " is still running";
 }
 

@@ -6,46 +6,21 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "jobguard/error.hpp"
 #include "jobguard/testing/embedded_postgres.hpp"
+#include "support/subprocess.hpp"
 
 namespace jobguard::test {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Live processes whose command line names `dir` (initdb, its bootstrap and
-// single-user postgres, the postmaster and its children). A zombie has an
-// empty command line, so it does not match.
-std::vector<std::string> running_in(const std::string& dir) {
-  std::vector<std::string> found;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmd = slurp(e.path().string() + "/cmdline");
-    for (char& c : cmd)
-      if (c == '\0') c = ' ';
-    if (cmd.find(dir) != std::string::npos) found.push_back(name + ": " + cmd);
-  }
-  return found;
-}
-
 void expect_removed_for_good(const std::string& dir) {
-  EXPECT_EQ(running_in(dir), std::vector<std::string>{});
+  EXPECT_EQ(processes_naming(dir), std::vector<std::string>{});
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   EXPECT_FALSE(ec) << ec.message();
@@ -84,7 +59,7 @@ TEST(EmbeddedPostgresAbandon, ARunningServerIsStoppedAndNoLaterStartRuns) {
   EmbeddedPostgres pg;
   pg.start();
   ASSERT_TRUE(pg.running());
-  ASSERT_FALSE(running_in(pg.dir()).empty());
+  ASSERT_FALSE(processes_naming(pg.dir()).empty());
   pg.abandon();
   EXPECT_FALSE(pg.running());
   try {
